@@ -1,0 +1,36 @@
+"""Engine options: one frozen dataclass, validated once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: as many as kv_cache_memory_mb holds (capped, see engine)
+    kv_cache_memory_mb: int = 1024
+    chunked_prefill_size: int = 256  # <= 0 disables chunking
+    max_num_batched_tokens: int = 512
+    max_running_requests: int = 64
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    enable_prefix_cache: bool = True
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    seed: int = 0  # seeds the per-request generators of requests that bring no seed
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_running_requests", "kv_cache_memory_mb"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ConfigError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")

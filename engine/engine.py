@@ -1,0 +1,154 @@
+"""LLMEngine: the node's step loop (schedule -> run -> update) over one model and one KV pool."""
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+
+import torch
+
+from engine.block_allocator import BlockAllocator
+from engine.config import EngineConfig
+from engine.errors import ConfigError, InvalidRequestError
+from engine.kv_cache import PagedKVCache
+from engine.kv_events import KVEventCallback
+from engine.model import LlamaModel
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner
+from engine.model_source import resolve_model
+from engine.outputs import BlockAccounting, StepOutput
+from engine.radix_cache import RadixCache
+from engine.request import Request, RequestStatus
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.tokenizer import Tokenizer
+from engine.weights import build_weights, read_safetensors
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, on_kv_event: KVEventCallback | None = None, **options):
+        self.config = cfg = EngineConfig(**options)
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if cfg.device == "auto" else cfg.device))
+        dtype = _DTYPES[cfg.dtype]
+        self.model_dir = resolve_model(model)
+        self.model_config = mc = ModelConfig.from_hf(json.loads((self.model_dir / "config.json").read_text()))
+        self.tokenizer = Tokenizer(self.model_dir)
+        weights = build_weights(mc, read_safetensors(self.model_dir), dtype, self.device)
+        self.model = LlamaModel(mc, weights, self.device, dtype)
+
+        self.num_blocks = cfg.num_blocks or self._blocks_for_memory(mc, dtype)
+        self.kv_cache = PagedKVCache(mc, self.num_blocks, cfg.block_size, dtype, self.device)
+        self.allocator = BlockAllocator(self.num_blocks)
+        self.prefix_cache = RadixCache(self.allocator, cfg.block_size, on_kv_event)
+        self.scheduler = Scheduler(SchedulerConfig(
+            block_size=cfg.block_size, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            chunked_prefill_size=cfg.chunked_prefill_size, max_running_requests=cfg.max_running_requests,
+            schedule_policy=cfg.schedule_policy, enable_prefix_cache=cfg.enable_prefix_cache,
+        ), self.allocator, self.prefix_cache)
+        self.sampler = Sampler(self.device, cfg.seed)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    def _blocks_for_memory(self, mc: ModelConfig, dtype: torch.dtype) -> int:
+        per_block = PagedKVCache.bytes_per_block(mc, self.config.block_size, dtype)
+        n = self.config.kv_cache_memory_mb * 2**20 // per_block
+        if n < 1:
+            raise ConfigError(f"kv_cache_memory_mb={self.config.kv_cache_memory_mb} holds no {per_block}-byte block")
+        return int(n)
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        ids = self._validate(prompt_token_ids, params)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise InvalidRequestError(f"duplicate request id {rid!r}", "request_id")
+        mc = self.model_config
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= set(mc.eos_token_ids)
+        req = Request(rid, ids, params, frozenset(stops),
+                      max_total_tokens=min(len(ids) + params.max_tokens, mc.max_position_embeddings))
+        self.requests[rid] = req
+        self.scheduler.add(req)
+        return rid
+
+    def _validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams", "params")
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise InvalidRequestError("prompt is empty", "prompt")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})", "prompt")
+        ctx = self.model_config.max_position_embeddings
+        if len(ids) >= ctx:
+            raise InvalidRequestError(f"prompt has {len(ids)} tokens; the context length is {ctx}", "prompt")
+        total = min(len(ids) + params.max_tokens, ctx)
+        need = -(-total // self.config.block_size)
+        if need > self.num_blocks:
+            raise InvalidRequestError(
+                f"request needs {need} KV blocks ({total} tokens) but the cache holds only {self.num_blocks}",
+                "max_tokens")
+        return ids
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.abort(req)
+            self.sampler.release(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampled = self.runner.run(batch)
+        self.scheduler.update(batch)
+        outputs = []
+        for item, token in zip(batch.items, sampled):
+            if token is None:
+                continue
+            req = item.request
+            req.token_ids.append(token)
+            status = self._stop_status(req, token)
+            if status is not None:
+                self.scheduler.finish(req, status)
+                self.sampler.release(req.request_id)
+                del self.requests[req.request_id]
+            outputs.append(StepOutput(req.request_id, [token], req.status.is_finished, req.status.finish_reason,
+                                      req.num_cached_tokens or 0))
+        return outputs
+
+    @staticmethod
+    def _stop_status(req: Request, token: int) -> RequestStatus | None:
+        if token in req.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if req.num_tokens >= req.max_total_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # -- introspection --------------------------------------------------------------------------
+    def block_accounting(self) -> BlockAccounting:
+        cached = self.prefix_cache.cached_blocks()
+        held = {b for r in self.requests.values() for b in r.block_table} - cached
+        return BlockAccounting(total=self.num_blocks, free=self.allocator.num_free, cached=len(cached), held=len(held))
+
+    def stats(self) -> dict:
+        acc = self.block_accounting()
+        return {"num_blocks": acc.total, "free_blocks": acc.free, "cached_blocks": acc.cached,
+                "held_blocks": acc.held, "waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running), "num_retractions": self.scheduler.num_retractions,
+                "num_evicted_blocks": self.prefix_cache.num_evicted_blocks}

@@ -1,0 +1,73 @@
+"""A Llama-family decoder over a flattened batch of tokens from many requests.
+
+RMSNorm, rotary embeddings, grouped-query attention through the paged cache, SwiGLU MLP, tied or
+untied output embeddings. q/k/v and gate/up projections are stored fused (one matmul each).
+Logits are computed only for the tokens that sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionMetadata, paged_attention
+from engine.kv_cache import PagedKVCache
+from engine.model_config import ModelConfig
+from engine.rope import RotaryTable
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(H + 2*KVH) * hd, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+@dataclass(slots=True)
+class ModelWeights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor  # the embedding itself when tied
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 and cast back before the weight, as Hugging Face Llama does.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, device: torch.device, dtype: torch.dtype):
+        self.cfg = cfg
+        self.w = weights
+        self.rope = RotaryTable(cfg, device, dtype)
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv: PagedKVCache, logits_index: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        h = F.embedding(input_ids, self.w.embed)
+        for i, lw in enumerate(self.w.layers):
+            x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
+            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = q.view(-1, cfg.num_heads, cfg.head_dim)
+            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            q, k = self.rope.apply(q, k, positions)
+            k_cache, v_cache = kv.layer(i)
+            a = paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta)
+            h = h + F.linear(a.flatten(1), lw.o)
+            x = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
+            gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, lw.down)
+        h = rms_norm(h[logits_index], self.w.norm, cfg.rms_norm_eps)
+        return F.linear(h, self.w.lm_head).float()

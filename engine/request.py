@@ -1,0 +1,76 @@
+"""The request object the scheduler moves between queues, and its lifecycle.
+
+    WAITING --admit--> RUNNING --stop token / EOS--> FINISHED_STOPPED
+       ^                  |    --max_tokens / context--> FINISHED_LENGTH
+       +----retract-------+
+    any state --abort--> FINISHED_ABORTED
+
+A retracted request drops its KV (full blocks stay in the prefix cache) and recomputes prompt plus
+the tokens it had produced, so its output continues exactly where it stopped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.radix_cache import RadixNode
+
+
+class RequestStatus(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 2
+    FINISHED_LENGTH = 3
+    FINISHED_ABORTED = 4
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_token_ids: frozenset[int]  # EOS ids (unless ignore_eos) plus the request's own
+    max_total_tokens: int  # prompt + max_tokens, capped at the model's context length
+    token_ids: list[int] = field(default_factory=list)  # prompt then outputs; filled in __post_init__
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in block_table
+    block_table: list[int] = field(default_factory=list)
+    prefix_node: RadixNode | None = None  # the locked radix node covering the cached head of block_table
+    num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
+    num_retractions: int = 0
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def remaining_output_tokens(self) -> int:
+        return self.max_total_tokens - self.num_tokens

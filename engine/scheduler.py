@@ -1,0 +1,264 @@
+"""The node-local scheduler: which requests run in the next step, and with how many tokens.
+
+Works on ints only (token ids, block ids, counts); the model runner builds the tensors.
+
+One step, in order:
+1. Running requests: decodes (one token each) first, then prompts being prefilled in chunks. Each
+   gets the blocks its new tokens need; when the pool is dry even after evicting unlocked prefix
+   cache leaves, the most recently admitted running request is retracted (LIFO) and goes back to
+   the front of the waiting queue, to be recomputed later from its cached prefix.
+2. Waiting requests, in policy order (fcfs, or longest cached prefix first), while the step's token
+   budget, the running-request cap and memory allow. Admission keeps room for the future tokens of
+   everything running: `new_token_ratio` x their remaining max_tokens, a ratio that decays each
+   step and jumps back up after a retraction (SGLang's estimate).
+Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
+mixes decode tokens with prefill chunks (continuous batching).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.block_allocator import BlockAllocator
+from engine.radix_cache import RadixCache
+from engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    chunked_prefill_size: int = 256  # <= 0: never split a prompt
+    max_running_requests: int = 64
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    enable_prefix_cache: bool = True
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    lpm_max_waiting: int = 128  # past this many waiting requests, lpm sorting costs too much: fcfs
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    start: int  # first position computed this step (= num_computed_tokens before the step)
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step finishes the request's known tokens, so a new token is sampled."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    items: list[ScheduledRequest]
+    retracted: list[Request]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(x.num_tokens for x in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator, cache: RadixCache):
+        self.config = config
+        self.allocator = allocator
+        self.cache = cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.new_token_ratio = config.init_new_token_ratio
+        self.num_retractions = 0
+
+    # -- queue operations -----------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, req: Request) -> None:
+        if req.status.is_finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self._release(req, cache=self.config.enable_prefix_cache)
+        req.status = RequestStatus.FINISHED_ABORTED
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        self.running.remove(req)
+        self._release(req, cache=self.config.enable_prefix_cache)
+        req.status = status
+
+    # -- the step -------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        scheduled: dict[Request, ScheduledRequest] = {}
+        retracted: list[Request] = []
+
+        # Decodes before chunked prefills so a long prompt never starves token generation.
+        for req in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens != 1):
+            if req not in self.running:  # retracted earlier in this loop
+                continue
+            n = self._chunk(req, budget)
+            if n <= 0:
+                continue
+            while not self._make_room(self._blocks_needed(req, n)):
+                victim = self.running[-1]
+                if victim in scheduled:
+                    budget += scheduled.pop(victim).num_tokens
+                    self._undo_growth(victim)
+                self._retract(victim)
+                retracted.append(victim)
+                if victim is req:
+                    break
+            else:
+                self._grow(req, n)
+                scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
+                budget -= n
+
+        if not retracted:
+            budget = self._admit(budget, scheduled)
+        self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
+        return ScheduledBatch(items=list(scheduled.values()), retracted=retracted)
+
+    def update(self, batch: ScheduledBatch) -> None:
+        """Account the KV computed by `batch`; the caller appends sampled tokens afterwards."""
+        for item in batch.items:
+            req = item.request
+            req.num_computed_tokens += item.num_tokens
+            # Publish prompt blocks as soon as they exist so concurrent requests can share them.
+            if self.config.enable_prefix_cache and req.num_computed_tokens <= req.num_prompt_tokens:
+                self._cache_computed(req)
+
+    # -- admission ------------------------------------------------------------------------------
+    def _admit(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int:
+        cfg = self.config
+        self._sort_waiting()
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_running_requests:
+            req = self.waiting[0]
+            self._match_prefix(req)
+            n = self._chunk(req, budget)
+            whole_prompt = req.num_tokens - req.num_computed_tokens
+            if n <= 0 or (cfg.chunked_prefill_size <= 0 and n < whole_prompt and scheduled):
+                self._drop_prefix(req)
+                break
+            need = self._blocks_needed(req, n)
+            # Alone, a request always fits (checked when it was added), so it needs no headroom.
+            headroom = self._reserved_blocks(self.running + [req]) if self.running else 0
+            if self.allocator.num_free + self.cache.num_evictable_blocks - need < headroom \
+                    or not self._make_room(need):
+                self._drop_prefix(req)
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = req.num_computed_tokens
+            self.running.append(req)
+            self._grow(req, n)
+            scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
+            budget -= n
+        return budget
+
+    def _sort_waiting(self) -> None:
+        cfg = self.config
+        if cfg.schedule_policy != "lpm" or not cfg.enable_prefix_cache or len(self.waiting) > cfg.lpm_max_waiting:
+            return
+        bs = cfg.block_size
+        match = {id(r): self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks
+                 for r in self.waiting}
+        # Stable sort: equal matches keep arrival order.
+        self.waiting = deque(sorted(self.waiting, key=lambda r: -match[id(r)]))
+
+    def _reserved_blocks(self, reqs: list[Request]) -> int:
+        tokens = sum(int(r.remaining_output_tokens * self.new_token_ratio) for r in reqs)
+        return -(-tokens // self.config.block_size)
+
+    # -- memory ---------------------------------------------------------------------------------
+    def _chunk(self, req: Request, budget: int) -> int:
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if self.config.chunked_prefill_size > 0:
+            n = min(n, self.config.chunked_prefill_size)
+        elif req.num_computed_tokens == 0 or req.num_tokens - req.num_computed_tokens > 1:
+            # Chunking off: a prompt goes in one piece, over the budget if it is alone in the step.
+            n = req.num_tokens - req.num_computed_tokens
+        return n
+
+    def _blocks_needed(self, req: Request, n: int) -> int:
+        bs = self.config.block_size
+        return max(0, -(-(req.num_computed_tokens + n) // bs) - len(req.block_table))
+
+    def _make_room(self, need: int) -> bool:
+        short = need - self.allocator.num_free
+        if short > 0 and self.config.enable_prefix_cache:
+            self.cache.evict(short)
+        return self.allocator.num_free >= need
+
+    def _grow(self, req: Request, n: int) -> None:
+        req.block_table.extend(self.allocator.allocate(self._blocks_needed(req, n)))
+
+    def _undo_growth(self, req: Request) -> None:
+        """Return blocks allocated this step beyond what the request's computed tokens use."""
+        bs = self.config.block_size
+        keep = max(-(-req.num_computed_tokens // bs), 0)
+        extra = req.block_table[keep:]
+        del req.block_table[keep:]
+        self.allocator.decref(extra)
+
+    def _retract(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req, cache=self.config.enable_prefix_cache)
+        req.status = RequestStatus.WAITING
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+        self.new_token_ratio = self.config.init_new_token_ratio
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def _match_prefix(self, req: Request) -> None:
+        if not self.config.enable_prefix_cache or req.prefix_node is not None:
+            return
+        # Leave at least one token to compute: its logits give the next token.
+        m = self.cache.match_prefix(req.token_ids, (req.num_tokens - 1) // self.config.block_size)
+        self.cache.lock(m.node)
+        self.allocator.incref(m.blocks)
+        req.prefix_node = m.node
+        req.block_table = list(m.blocks)
+        req.num_computed_tokens = len(m.blocks) * self.config.block_size
+
+    def _drop_prefix(self, req: Request) -> None:
+        """Undo _match_prefix for a request that stays waiting."""
+        if req.prefix_node is None:
+            return
+        self._release(req, cache=False)
+
+    def _cache_computed(self, req: Request) -> None:
+        computed = req.token_ids[:req.num_computed_tokens]
+        node, canonical = self.cache.insert(computed, req.block_table)
+        for i, block in enumerate(canonical):
+            if block != req.block_table[i]:  # another request stored this prefix first: share it
+                self.allocator.incref([block])
+                self.allocator.decref([req.block_table[i]])
+                req.block_table[i] = block
+        self.cache.lock(node)
+        if req.prefix_node is not None:
+            self.cache.unlock(req.prefix_node)
+        req.prefix_node = node
+
+    def _release(self, req: Request, cache: bool) -> None:
+        """Give back everything the request holds; keep its computed full blocks cached if asked."""
+        if cache and req.num_computed_tokens >= self.config.block_size:
+            self._cache_computed(req)
+        self.allocator.decref(req.block_table)
+        if req.prefix_node is not None:
+            self.cache.unlock(req.prefix_node)
+        req.prefix_node = None
+        req.block_table = []
+        req.num_computed_tokens = 0
