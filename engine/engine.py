@@ -152,3 +152,18 @@ class LLMEngine:
                 "held_blocks": acc.held, "waiting": len(self.scheduler.waiting),
                 "running": len(self.scheduler.running), "num_retractions": self.scheduler.num_retractions,
                 "num_evicted_blocks": self.prefix_cache.num_evicted_blocks}
+
+    def check_block_integrity(self) -> None:
+        """Raise AssertionError unless every block's reference count is exactly explained: one
+        reference from the prefix cache if it stores the block, one per request block table."""
+        expected = [0] * self.num_blocks
+        for b in self.prefix_cache.cached_blocks():
+            expected[b] += 1
+        for r in self.requests.values():
+            for b in r.block_table:
+                expected[b] += 1
+        actual = [self.allocator.ref_count(b) for b in range(self.num_blocks)]
+        wrong = [(b, e, a) for b, (e, a) in enumerate(zip(expected, actual)) if e != a]
+        assert not wrong, f"block refcounts (block, expected, actual): {wrong[:10]}"
+        assert self.allocator.num_free == actual.count(0), "free list disagrees with refcounts"
+        assert self.block_accounting().balanced, self.block_accounting()

@@ -24,7 +24,7 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
         _check_range("temperature", self.temperature, 0.0, 100.0)
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
             raise InvalidRequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}", "top_k")
         _check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_range("min_p", self.min_p, 0.0, 1.0)
@@ -35,7 +35,7 @@ class SamplingParams:
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", "seed")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         for t in self.stop_token_ids:
-            if not isinstance(t, int) or t < 0:
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise InvalidRequestError(f"stop_token_ids must be non-negative integers, got {t!r}", "stop_token_ids")
 
     @property

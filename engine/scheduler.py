@@ -146,8 +146,8 @@ class Scheduler:
             req = self.waiting[0]
             self._match_prefix(req)
             n = self._chunk(req, budget)
-            whole_prompt = req.num_tokens - req.num_computed_tokens
-            if n <= 0 or (cfg.chunked_prefill_size <= 0 and n < whole_prompt and scheduled):
+            # With chunking off a prompt may exceed the budget, but only as the step's only work.
+            if n <= 0 or (n > budget and scheduled):
                 self._drop_prefix(req)
                 break
             need = self._blocks_needed(req, n)

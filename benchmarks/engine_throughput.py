@@ -1,0 +1,321 @@
+"""raypd's node engine vs Hugging Face transformers: output throughput and latency on one machine, one run.
+
+Both systems run the same float32 weights (the engine's converted Hugging Face folder) on the same
+seeded no-reuse workload (benchmarks/workloads.py), greedy, every request producing exactly max_tokens.
+- raypd: closed loop, C requests in flight; a finished request is replaced by the next one. Each token
+  is timestamped when step() returns it; a request's clock starts when it is added.
+- transformers: static batches of C requests, left-padded, model.generate(max_new_tokens = the batch's
+  largest max_tokens). A StoppingCriteria timestamps every generation step; a request's tokens are its
+  first max_tokens outputs and its clock starts when its batch starts. Throughput counts only those
+  tokens, over the summed wall time of the batches.
+Each raypd measurement uses a fresh engine, so the prefix cache holds nothing from earlier runs.
+
+    python benchmarks/engine_throughput.py --concurrency 1,8,32 --json bench-results/engine_throughput.json
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import platform
+import pstats
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.workloads import BenchRequest, no_reuse_workload  # noqa: E402
+from engine import LLMEngine, SamplingParams  # noqa: E402
+from engine.model_source import resolve_model  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+
+WARMUP_TEXT = "Warm up: say hello."
+
+
+# -- metrics --------------------------------------------------------------------------------------
+def summarize(recs: list[dict], wall: float) -> dict:
+    """recs: one {"sent", "times"} per request (times = one timestamp per output token)."""
+    ttft = [r["times"][0] - r["sent"] for r in recs]
+    tpot = [(r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1) for r in recs if len(r["times"]) > 1]
+    itl = [b - a for r in recs for a, b in zip(r["times"], r["times"][1:])]
+    e2e = [r["times"][-1] - r["sent"] for r in recs]
+    out_tokens = sum(len(r["times"]) for r in recs)
+    s = {"num_requests": len(recs), "output_tokens": out_tokens, "wall_s": wall,
+         "output_tok_s": out_tokens / wall, "req_s": len(recs) / wall}
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+        s[f"{name}_mean_s"] = float(np.mean(xs)) if xs else float("nan")
+        for q in (50, 90, 99):
+            s[f"{name}_p{q}_s"] = float(np.percentile(xs, q)) if xs else float("nan")
+    return s
+
+
+def median_summary(reps: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in reps) if isinstance(reps[0][k], (int, float)) else reps[0][k]
+            for k in reps[0]}
+
+
+# -- raypd ----------------------------------------------------------------------------------------
+def make_engine(args) -> LLMEngine:
+    return LLMEngine(None, max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill_size=args.chunked_prefill_size,
+                     max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads, dtype=args.dtype)
+
+
+def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
+    recs = {r.request_id: {"sent": 0.0, "times": [], "tokens": [], "cached": 0} for r in work}
+    pending = iter(work)
+
+    def submit() -> None:
+        r = next(pending, None)
+        if r is not None:
+            recs[r.request_id]["sent"] = time.perf_counter()
+            eng.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True),
+                            request_id=r.request_id)
+
+    start = time.perf_counter()
+    for _ in range(conc):
+        submit()
+    while eng.has_unfinished():
+        outs = eng.step()
+        now = time.perf_counter()
+        for o in outs:
+            rec = recs[o.request_id]
+            rec["times"] += [now] * len(o.new_token_ids)
+            rec["tokens"] += o.new_token_ids
+            rec["cached"] = o.num_cached_tokens
+            if o.finished:
+                submit()
+    wall = time.perf_counter() - start
+    for r in work:
+        assert len(recs[r.request_id]["tokens"]) == r.max_tokens, f"raypd: {r.request_id} is short"
+    return [recs[r.request_id] for r in work], wall
+
+
+def warm_raypd(eng: LLMEngine) -> None:
+    run_raypd(eng, [BenchRequest("warmup", eng.tokenizer.encode(WARMUP_TEXT), 8)], 1)
+
+
+def fresh_engine(args) -> LLMEngine:
+    gc.collect()
+    eng = make_engine(args)
+    warm_raypd(eng)
+    return eng
+
+
+# -- transformers ---------------------------------------------------------------------------------
+def load_hf(model_dir: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.padding_side, tok.pad_token = "left", tok.eos_token
+    # ignore_eos: with no eos id generate never stops early and every row runs max_new_tokens steps.
+    # (Set on the model's own config: generate fills None values of a passed config from it.)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def run_hf(model, tok, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StepClock(StoppingCriteria):  # called once per generated token, right after it is appended
+        def __init__(self):
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    recs, wall = [], 0.0
+    for b in range(0, len(work), conc):
+        batch = work[b:b + conc]
+        steps = max(r.max_tokens for r in batch)
+        t0 = time.perf_counter()
+        enc = tok.pad({"input_ids": [r.prompt_token_ids for r in batch]}, padding=True, return_tensors="pt")
+        clock = StepClock()
+        with torch.inference_mode():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=steps,
+                                 stopping_criteria=StoppingCriteriaList([clock]))
+        wall += time.perf_counter() - t0
+        new = out[:, enc["input_ids"].shape[1]:]
+        assert new.shape[1] == steps and len(clock.times) == steps, "transformers stopped early"
+        for i, r in enumerate(batch):
+            recs.append({"sent": t0, "times": clock.times[:r.max_tokens], "tokens": new[i, :r.max_tokens].tolist()})
+    return recs, wall
+
+
+# -- profile --------------------------------------------------------------------------------------
+PROFILE_TARGETS = {  # name -> (file suffix, function name)
+    "step": ("engine/engine.py", "step"),
+    "schedule": ("engine/scheduler.py", "schedule"),
+    "scheduler_update": ("engine/scheduler.py", "update"),
+    "runner_run": ("engine/model_runner.py", "run"),
+    "forward": ("engine/model.py", "forward"),
+    "paged_attention": ("engine/attention.py", "paged_attention"),
+    "sample": ("engine/sampler.py", "sample"),
+}
+
+
+def profile_raypd(args, work: list[BenchRequest], conc: int, dump: Path) -> dict:
+    eng = fresh_engine(args)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    run_raypd(eng, work, conc)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    del eng
+    dump.parent.mkdir(parents=True, exist_ok=True)
+    prof.dump_stats(dump)  # raw profile: python -m pstats PATH, or snakeviz PATH
+    stats = pstats.Stats(prof).stats
+    cum = {k: sum(v[3] for (f, _, n), v in stats.items() if f.replace(os.sep, "/").endswith(sfx) and n == fn)
+           for k, (sfx, fn) in PROFILE_TARGETS.items()}
+    parts = {
+        "model_forward": cum["forward"],
+        "  of which paged_attention": cum["paged_attention"],
+        "sampler_sample": cum["sample"],
+        "tensor_building (runner.run - forward - sample)": cum["runner_run"] - cum["forward"] - cum["sample"],
+        "scheduler_schedule": cum["schedule"],
+        "scheduler_update": cum["scheduler_update"],
+        "rest_of_step": cum["step"] - cum["runner_run"] - cum["schedule"] - cum["scheduler_update"],
+        "outside_step (benchmark loop)": wall - cum["step"],
+    }
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    return {"concurrency": conc, "wall_s": wall, "cumulative_s": cum,
+            "breakdown_s": parts, "breakdown_pct": {k: 100 * v / wall for k, v in parts.items()},
+            "top_tottime": [{"function": f"{Path(f).name}:{line}:{n}", "tottime_s": v[2], "calls": v[1]}
+                            for (f, line, n), v in top]}
+
+
+# -- reporting ------------------------------------------------------------------------------------
+def machine_info() -> dict:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    import transformers
+    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "torch_threads": torch.get_num_threads(), "loadavg": os.getloadavg(), "platform": platform.platform()}
+
+
+def print_table(results: dict, concs: list[int]) -> None:
+    head = (f"{'C':>3} {'system':<7} {'out tok/s':>9} {'req/s':>6} {'TTFT mean':>9} {'TTFT p99':>9} "
+            f"{'TPOT mean':>9} {'TPOT p99':>9} {'E2E p50':>8} {'E2E p90':>8} {'E2E p99':>8}  raypd/hf")
+    print(head + "\n" + "-" * len(head))
+    for c in concs:
+        for name in results:
+            s = results[name].get(str(c))
+            if s is None:
+                continue
+            ms = lambda k: f"{1e3 * s[k]:7.1f}ms"  # noqa: E731
+            ratio = f"  {s['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in s else ""
+            print(f"{c:>3} {name:<7} {s['output_tok_s']:9.1f} {s['req_s']:6.2f} {ms('ttft_mean_s'):>9} {ms('ttft_p99_s'):>9} "
+                  f"{ms('tpot_mean_s'):>9} {ms('tpot_p99_s'):>9} {s['e2e_p50_s']:7.2f}s {s['e2e_p90_s']:7.2f}s "
+                  f"{s['e2e_p99_s']:7.2f}s{ratio}")
+
+
+def print_profile(p: dict) -> None:
+    print(f"\nraypd profile (cProfile, C={p['concurrency']}, {p['wall_s']:.1f}s wall incl. profiler overhead):")
+    for k, v in p["breakdown_s"].items():
+        print(f"  {k:<48} {v:8.2f}s {p['breakdown_pct'][k]:5.1f}%")
+    print("  top self time:")
+    for t in p["top_tottime"][:8]:
+        print(f"    {t['function']:<60} {t['tottime_s']:8.2f}s  {t['calls']} calls")
+
+
+def int_pair(s: str) -> tuple[int, int]:
+    a, b = (int(x) for x in s.split(","))
+    return a, b
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    ap.add_argument("--systems", type=lambda s: s.split(","), default=["raypd", "hf"])
+    ap.add_argument("--max-tokens-range", type=int_pair, default=(16, 256))
+    ap.add_argument("--prompt-len-range", type=int_pair, default=(20, 400))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="raypd only; hf is float32")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per system and level; the report quotes medians")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--chunked-prefill-size", type=int, default=256)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", type=Path, help="also run raypd once at the highest concurrency under cProfile; "
+                    "writes the raw profile to PATH, the summary to stdout and --json")
+    args = ap.parse_args(argv)
+    if unknown := set(args.systems) - {"raypd", "hf"}:
+        ap.error(f"unknown systems {sorted(unknown)}")
+    torch.set_num_threads(args.threads)
+
+    model_dir = resolve_model(None)
+    work = no_reuse_workload(Tokenizer(model_dir).encode, args.num_requests, args.prompt_len_range,
+                             args.max_tokens_range, args.seed)
+    info = machine_info()
+    print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} ({args.threads} threads), "
+          f"transformers {info['transformers']}; {len(work)} requests, prompts {args.prompt_len_range}, "
+          f"max_tokens {args.max_tokens_range}, seed {args.seed}, raypd dtype {args.dtype}; "
+          f"load average {info['loadavg'][0]:.2f} at start")
+
+    hf = None
+    if "hf" in args.systems:
+        hf = load_hf(model_dir)
+        run_hf(*hf, [BenchRequest("warmup", hf[1].encode(WARMUP_TEXT), 8)], 1)
+    reps: dict[str, dict[str, list[dict]]] = {s: {} for s in args.systems}
+    match: dict[str, float] = {}
+    for c in args.concurrency:
+        for rep in range(args.repeats):
+            outs = {}
+            if "raypd" in args.systems:
+                eng = fresh_engine(args)
+                recs, wall = run_raypd(eng, work, c)
+                del eng
+                s = summarize(recs, wall)
+                s["cached_prompt_tokens"] = sum(r["cached"] for r in recs)
+                reps["raypd"].setdefault(str(c), []).append(s)
+                outs["raypd"] = recs
+            if hf is not None:
+                recs, wall = run_hf(*hf, work, c)
+                reps["hf"].setdefault(str(c), []).append(summarize(recs, wall))
+                outs["hf"] = recs
+            if len(outs) == 2 and rep == 0:  # same greedy tokens? (left padding/batching may flip near-ties)
+                same = [a["tokens"] == b["tokens"] for a, b in zip(outs["raypd"], outs["hf"])]
+                match[str(c)] = sum(same) / len(same)
+            print(f"  C={c} run {rep + 1}/{args.repeats}: " + ", ".join(
+                f"{n} {reps[n][str(c)][-1]['output_tok_s']:.1f} tok/s" for n in outs), flush=True)
+
+    results = {n: {c: median_summary(v) for c, v in per.items()} for n, per in reps.items()}
+    if "raypd" in results and "hf" in results:
+        for c, s in results["raypd"].items():
+            s["ratio_vs_hf"] = s["output_tok_s"] / results["hf"][c]["output_tok_s"]
+            s["hf_identical_tokens_frac"] = match.get(c)
+    print()
+    print_table(results, args.concurrency)
+    if match:
+        print("requests whose raypd and hf tokens are identical: "
+              + ", ".join(f"C={c}: {100 * f:.0f}%" for c, f in match.items()))
+
+    report = {"command": shlex.join([sys.executable, *sys.argv]), "args": {k: (str(v) if isinstance(v, Path) else v)
+              for k, v in vars(args).items()}, "machine": info, "results": results, "repeats": reps,
+              "workload": {"prompt_tokens": sum(len(r.prompt_token_ids) for r in work),
+                           "output_tokens": sum(r.max_tokens for r in work)}}
+    if args.profile:
+        del hf
+        report["profile"] = profile_raypd(args, work, max(args.concurrency), args.profile)
+        print_profile(report["profile"])
+    report["machine"]["loadavg_end"] = os.getloadavg()
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

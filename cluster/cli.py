@@ -1,0 +1,23 @@
+"""The `raypd` command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cluster.generate_cmd import add_generate_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raypd", description="Ray-based LLM serving with prefill/decode disaggregation")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""`raypd generate`: run prompts through one engine and print completions (text or JSON lines)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions for prompts with a single-node engine")
+    p.add_argument("prompts", nargs="*", help="prompt strings")
+    p.add_argument("--input", type=Path, help='JSONL file: {"prompt": str} | {"prompt_token_ids": [int]} | {"messages": [...]}')
+    p.add_argument("--model", help="Hugging Face model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt, in input order")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=-1)
+    s.add_argument("--min-p", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--ignore-eos", action="store_true")
+    e = p.add_argument_group("engine")
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--num-blocks", type=int, default=None)
+    e.add_argument("--chunked-prefill-size", type=int, default=256, help="<= 0 disables chunking")
+    e.add_argument("--max-num-batched-tokens", type=int, default=512)
+    e.add_argument("--max-running-requests", type=int, default=64)
+    e.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs")
+    e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.set_defaults(run=run_generate)
+
+
+def read_prompts(args) -> list:
+    prompts: list = list(args.prompts)
+    if args.input is not None:
+        try:
+            lines = args.input.read_text().splitlines()
+        except OSError as e:
+            raise ValueError(f"cannot read {args.input}: {e.strerror}") from e
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{args.input}:{n}: not JSON ({e.msg})") from e
+            if not isinstance(obj, dict) or not ({"prompt", "prompt_token_ids", "messages"} & obj.keys()):
+                raise ValueError(f'{args.input}:{n}: expected {{"prompt"}}, {{"prompt_token_ids"}} or {{"messages"}}')
+            prompts.append(obj)
+    if not prompts:
+        raise ValueError("no prompts: pass them as arguments or with --input FILE.jsonl")
+    return prompts
+
+
+def run_generate(args) -> int:
+    from engine import LLM, EngineError, SamplingParams
+
+    try:
+        prompts = read_prompts(args)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos)
+        llm = LLM(args.model, block_size=args.block_size, num_blocks=args.num_blocks,
+                  chunked_prefill_size=args.chunked_prefill_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_running_requests=args.max_running_requests, schedule_policy=args.schedule_policy,
+                  enable_prefix_cache=not args.no_prefix_cache, dtype=args.dtype, device=args.device,
+                  num_threads=args.threads)
+        outputs = llm.generate(prompts, params)
+    except (EngineError, ValueError) as e:
+        print(f"raypd generate: error: {e}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        if args.json:
+            print(json.dumps({"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason,
+                              "num_cached_tokens": out.num_cached_tokens}))
+        else:
+            print(f"--- [{out.finish_reason}, {len(out.token_ids)} tokens, {out.num_cached_tokens} cached]")
+            print(out.text)
+    return 0

@@ -1,0 +1,72 @@
+"""Shared fixtures: the engine on the default model, the Hugging Face reference, and a block
+accounting check that runs after every test on every engine the test created."""
+from __future__ import annotations
+
+import weakref
+
+import pytest
+
+from tests.prompts import all_prompt_ids
+
+NEW_TOKENS = 48
+_live_engines: weakref.WeakSet = weakref.WeakSet()
+
+
+@pytest.fixture(scope="session")
+def make_llm():
+    """Build an LLM with engine options; every engine made here is checked after each test."""
+    from engine import LLM
+
+    cache: dict[tuple, LLM] = {}
+
+    def make(**options):
+        key = tuple(sorted(options.items()))
+        if key not in cache:
+            cache[key] = LLM(**options)
+            _live_engines.add(cache[key].engine)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llm(make_llm):
+    return make_llm()
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(llm) -> list[list[int]]:
+    ids = all_prompt_ids(llm.tokenizer)
+    assert len(ids) >= 10 and min(map(len, ids)) < 10 and max(map(len, ids)) > 300
+    return ids
+
+
+@pytest.fixture(scope="session")
+def hf_reference(prompt_ids) -> list[list[int]]:
+    """Greedy continuations from transformers, loading the GGUF with its own dequantizer, one prompt
+    at a time (no padding), stopping at EOS like the engine."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.model_source import default_model_path
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            gen = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=NEW_TOKENS, do_sample=False)
+            out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+@pytest.fixture(autouse=True)
+def block_accounting_adds_up():
+    yield
+    for eng in list(_live_engines):
+        eng.check_block_integrity()
+        assert not eng.requests, f"requests left in the engine: {list(eng.requests)}"
+        acc = eng.block_accounting()
+        assert acc.held == 0 and acc.free + acc.cached == acc.total, acc
