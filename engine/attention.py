@@ -1,11 +1,21 @@
 """Paged attention for a flattened batch that mixes prefill chunks and decode tokens.
 
-Every token's K/V is first written into its slot of the pool. Then:
-- a prefill segment (a request's chunk of more than one token) attends over its context; when the
-  chunk starts at position 0 its fresh K/V are used directly, otherwise the request's blocks are
-  gathered (cached prefix or earlier chunks);
-- all single-token (decode) queries are batched: their block tables are padded to one length,
-  gathered in one indexing op, and masked by context length.
+The pool (kv_cache.py) is [block, layer, K/V, kv_head, slot, head_dim]. Attention addresses it
+through two row views of the same memory:
+
+    run  = one head's block_size slots of one block:  run  = ((b * L + l) * 2 + kv) * KVH + h
+    slot = one head's vector of one token:             slot = run * block_size + s
+
+The runner computes layer-0 K indices once per step; layer l adds l * 2 * KVH runs (times
+block_size for slots) and V adds KVH runs. Writing a step's new K/V is one index_copy_ per tensor;
+reading a request's context is one index_select of whole runs that lands directly in the
+[KVH, tokens, head_dim] layout attention wants.
+
+- A prefill chunk starting at position 0 attends over its own fresh K/V (causal).
+- A chunk after cached or earlier tokens reads its context from the pool, with a causal mask
+  offset by its start.
+- All single-token queries (decodes) run as one batched attention: the g query heads sharing a KV
+  head are laid out as g query rows against that head's keys, masked by context length.
 """
 from __future__ import annotations
 
@@ -14,57 +24,63 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.kv_cache import PagedKVCache
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillSegment:
     q_start: int  # offset of the chunk's first token in the flattened batch
     q_len: int
     start: int  # position of the chunk's first token in its request
-    blocks: torch.Tensor  # block ids covering positions [0, start + q_len)
+    context_runs: torch.Tensor | None  # [KVH * blocks] layer-0 K runs, head-major; None when start == 0
+    mask: torch.Tensor | None  # [q_len, start + q_len] causal mask offset by start; None when start == 0
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeBatch:
     q_index: torch.Tensor  # [D] offsets of the decode tokens in the flattened batch
-    block_table: torch.Tensor  # [D, max_blocks], padded with block 0
-    mask: torch.Tensor  # [D, 1, 1, max_blocks * block_size], True where the key is in context
+    context_runs: torch.Tensor  # [D * KVH * W] layer-0 K runs, padded to W blocks
+    mask: torch.Tensor  # [D, 1, 1, W * block_size] True where the slot is inside the request's context
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionMetadata:
-    slot_blocks: torch.Tensor  # [T] block of each token's KV slot
-    slot_offsets: torch.Tensor  # [T] offset inside that block
+    write_slots: torch.Tensor  # [T * KVH] layer-0 K slot of each new token's K, token-major
     prefills: tuple[PrefillSegment, ...]
     decode: DecodeBatch | None
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, KVH, D]; caches: [blocks, block_size, KVH, D]. Returns [T, H, D]."""
-    k_cache[meta.slot_blocks, meta.slot_offsets] = k
-    v_cache[meta.slot_blocks, meta.slot_offsets] = v
+def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKVCache,
+                    meta: AttentionMetadata) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v into the pool, returns [T, H, D]."""
+    hd = q.shape[-1]
+    kvh, bs = kv.kv_heads, kv.block_size
+    run_base, v_runs = layer * 2 * kvh, kvh
+    write = meta.write_slots + run_base * bs
+    kv.slot_rows.index_copy_(0, write, k.reshape(-1, hd))
+    kv.slot_rows.index_copy_(0, write + v_runs * bs, v.reshape(-1, hd))
     out = torch.empty_like(q)
     for seg in meta.prefills:
         end = seg.q_start + seg.q_len
-        qs = q[seg.q_start:end].transpose(0, 1).unsqueeze(0)
-        if seg.start == 0:
-            ks, vs = k[seg.q_start:end], v[seg.q_start:end]
-            mask, causal = None, True
+        qs = q[seg.q_start:end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+        if seg.context_runs is None:
+            ks = k[seg.q_start:end].transpose(0, 1).unsqueeze(0)
+            vs = v[seg.q_start:end].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         else:
             ctx = seg.start + seg.q_len
-            ks = k_cache[seg.blocks].flatten(0, 1)[:ctx]
-            vs = v_cache[seg.blocks].flatten(0, 1)[:ctx]
-            # Query i sits at position start + i and sees keys up to there.
-            q_pos = torch.arange(seg.start, ctx, device=q.device).unsqueeze(1)
-            mask, causal = torch.arange(ctx, device=q.device).unsqueeze(0) <= q_pos, False
-        o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-                                           attn_mask=mask, is_causal=causal, enable_gqa=True)
+            runs = seg.context_runs + run_base
+            ks = kv.run_rows.index_select(0, runs).view(1, kvh, -1, hd)[:, :, :ctx]
+            vs = kv.run_rows.index_select(0, runs + v_runs).view(1, kvh, -1, hd)[:, :, :ctx]
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, enable_gqa=True)
         out[seg.q_start:end] = o.squeeze(0).transpose(0, 1)
     if meta.decode is not None:
         d = meta.decode
-        qd = q[d.q_index].unsqueeze(2)  # [D, H, 1, hd]
-        kd = k_cache[d.block_table].flatten(1, 2).transpose(1, 2)  # [D, KVH, S, hd]
-        vd = v_cache[d.block_table].flatten(1, 2).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask, enable_gqa=True)
-        out[d.q_index] = o.squeeze(2)
+        n = d.q_index.shape[0]
+        qd = q.index_select(0, d.q_index).view(n, kvh, -1, hd)  # g query rows per KV head
+        runs = d.context_runs + run_base
+        kd = kv.run_rows.index_select(0, runs).view(n, kvh, -1, hd)
+        vd = kv.run_rows.index_select(0, runs + v_runs).view(n, kvh, -1, hd)
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)
+        out[d.q_index] = o.reshape(n, -1, hd)
     return out

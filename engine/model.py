@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from engine.attention import AttentionMetadata, paged_attention
 from engine.kv_cache import PagedKVCache
 from engine.model_config import ModelConfig
-from engine.rope import RotaryTable
+from engine.rope import RotaryTable, apply_rotary
 
 
 @dataclass(slots=True)
@@ -55,16 +55,17 @@ class LlamaModel:
                 kv: PagedKVCache, logits_index: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         h = F.embedding(input_ids, self.w.embed)
+        cos, sin = self.rope.lookup(positions)
+        heads = cfg.num_heads
         for i, lw in enumerate(self.w.layers):
             x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
             qkv = F.linear(x, lw.qkv, lw.qkv_bias)
-            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-            q = q.view(-1, cfg.num_heads, cfg.head_dim)
-            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-            q, k = self.rope.apply(q, k, positions)
-            k_cache, v_cache = kv.layer(i)
-            a = paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta)
+            # Rotate q and k heads in one pass, then split.
+            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(-1, heads + cfg.num_kv_heads, cfg.head_dim),
+                              cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+            v = qkv[:, self.q_size + self.kv_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
+            a = paged_attention(i, q, k, v, kv, meta)
             h = h + F.linear(a.flatten(1), lw.o)
             x = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
             gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)

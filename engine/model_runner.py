@@ -1,4 +1,8 @@
-"""Build the step's tensors from the scheduled batch (ints -> tensors), run the model, sample."""
+"""Build the step's tensors from the scheduled batch (ints -> tensors), run the model, sample.
+
+All index arithmetic is numpy over whole requests; nothing here loops per token. The indices are
+layer-0 K positions in the pool's row views (attention.py has the formulas).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -18,59 +22,64 @@ class ModelRunner:
         self.sampler = sampler
         self.device = device
         self.block_size = kv_cache.block_size
+        self._heads = np.arange(kv_cache.kv_heads, dtype=np.int64)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int | None]:
         """One forward pass; returns the sampled token per item (None for a mid-prompt chunk)."""
         bs = self.block_size
-        ids, pos, slot_b, slot_o = [], [], [], []
+        ids, pos, write = [], [], []
         prefills: list[PrefillSegment] = []
-        dec_index, dec_tables, dec_ctx = [], [], []
+        decodes: list[tuple[int, np.ndarray, int]] = []  # (offset in batch, context runs [KVH, blocks], ctx)
         logits_index = []
         offset = 0
         for item in batch.items:
             req, start, n = item.request, item.start, item.num_tokens
-            positions = np.arange(start, start + n)
-            table = np.asarray(req.block_table, dtype=np.int64)
-            ids.append(np.asarray(req.token_ids[start:start + n], dtype=np.int64))
-            pos.append(positions)
-            slot_b.append(table[positions // bs])
-            slot_o.append(positions % bs)
             ctx = start + n
+            table = np.asarray(req.block_table[:-(-ctx // bs)], dtype=np.int64)
+            positions = np.arange(start, ctx, dtype=np.int64)
+            ids.append(np.asarray(req.token_ids[start:ctx], dtype=np.int64))
+            pos.append(positions)
+            runs = self._runs(table)  # [KVH, blocks]
+            # slot of (token, head) = run of (its block, head) * bs + offset in block; token-major
+            write.append((runs[:, positions // bs].T * bs + (positions % bs)[:, None]).ravel())
             if n == 1:
-                dec_index.append(offset)
-                dec_tables.append(table[:-(-ctx // bs)])
-                dec_ctx.append(ctx)
+                decodes.append((offset, runs, ctx))
+            elif start == 0:
+                prefills.append(PrefillSegment(offset, n, 0, None, None))
             else:
-                prefills.append(PrefillSegment(q_start=offset, q_len=n, start=start,
-                                               blocks=self._tensor(table[:-(-ctx // bs)])))
+                mask = np.arange(ctx)[None, :] <= positions[:, None]
+                prefills.append(PrefillSegment(offset, n, start, self._tensor(runs.ravel()),
+                                               torch.from_numpy(mask).to(self.device)))
             offset += n
             if item.samples:
                 logits_index.append(offset - 1)
-        meta = AttentionMetadata(
-            slot_blocks=self._tensor(np.concatenate(slot_b)),
-            slot_offsets=self._tensor(np.concatenate(slot_o)),
-            prefills=tuple(prefills),
-            decode=self._decode_batch(dec_index, dec_tables, dec_ctx),
-        )
+        meta = AttentionMetadata(write_slots=self._tensor(np.concatenate(write)), prefills=tuple(prefills),
+                                 decode=self._decode_batch(decodes))
         sampling = [item for item in batch.items if item.samples]
         if not sampling:
-            logits_index = [0]  # the model still needs a row to compute; it is discarded
+            logits_index = [0]  # the model still computes one row; it is discarded
         logits = self.model.forward(self._tensor(np.concatenate(ids)), self._tensor(np.concatenate(pos)), meta,
                                     self.kv, self._tensor(np.asarray(logits_index, dtype=np.int64)))
         tokens = self.sampler.sample(logits, [x.request for x in sampling]) if sampling else []
         it = iter(tokens)
         return [next(it) if item.samples else None for item in batch.items]
 
-    def _decode_batch(self, index: list[int], tables: list[np.ndarray], ctx: list[int]) -> DecodeBatch | None:
-        if not index:
+    def _runs(self, table: np.ndarray) -> np.ndarray:
+        """Layer-0 K runs of each (kv head, block): [KVH, len(table)]."""
+        return self._heads[:, None] + (table * self.kv.runs_per_block)[None, :]
+
+    def _decode_batch(self, decodes: list[tuple[int, np.ndarray, int]]) -> DecodeBatch | None:
+        if not decodes:
             return None
-        width = max(len(t) for t in tables)
-        padded = np.zeros((len(tables), width), dtype=np.int64)
-        for i, t in enumerate(tables):
-            padded[i, :len(t)] = t
-        mask = np.arange(width * self.block_size)[None, :] < np.asarray(ctx)[:, None]
-        return DecodeBatch(q_index=self._tensor(np.asarray(index, dtype=np.int64)), block_table=self._tensor(padded),
+        width = max(runs.shape[1] for _, runs, _ in decodes)
+        padded = np.zeros((len(decodes), self.kv.kv_heads, width), dtype=np.int64)  # run 0 pads, masked out
+        for i, (_, runs, _) in enumerate(decodes):
+            padded[i, :, :runs.shape[1]] = runs
+        lengths = np.asarray([ctx for _, _, ctx in decodes])
+        mask = np.arange(width * self.block_size)[None, :] < lengths[:, None]
+        return DecodeBatch(q_index=self._tensor(np.asarray([o for o, _, _ in decodes], dtype=np.int64)),
+                           context_runs=self._tensor(padded.ravel()),
                            mask=torch.from_numpy(mask).to(self.device)[:, None, None, :])
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:

@@ -1,0 +1,297 @@
+"""KV block transfer through kvtransfer: bandwidth and latency of each backend against an in-process torch
+copy of the same bytes, measured in the same run; and the end-to-end handoff latency of one prompt's KV.
+
+Set-up: the sender (prefill side) runs in this process, a receiver (decode side) in a spawned child, one
+pair per backend, all on 127.0.0.1 (UCX limited to `lo`). Both pools hold max(sizes) blocks of
+--block-bytes (default 737,280: one 16-token SmolLM2 block in float32), pages touched before timing.
+For each backend, block count n and pattern, --reps fresh rooms, medians reported:
+- contiguous: local blocks 0..n-1 -> remote 0..n-1 (one run); scattered: n random distinct ids on each
+  side (almost no adjacent pairs, so about n descriptors).
+- write_s: the write posted -> the bytes are at the peer (the sender's room record, t_landed - t_posted);
+  bandwidth = bytes / write_s.
+- room_s: the write posted -> the receiver's Done seen by the sender: what a caller waits.
+- copy reference, in this process with 1 torch thread (CMA copies on one thread too): contiguous
+  `dst[:n].copy_(pool[:n])`, scattered `torch.index_select(pool, 0, ids, out=dst[:n])`.
+Handoff: a 256-token prompt's KV (16 blocks, scattered on both sides, aux slot included), timed inside
+the receiver from add_room (destination registered) to the notification read (room SUCCESS). The
+prompt's KV is ready, so the sender's send() is armed before the destination arrives and its loop posts
+the write at once. Run for the nixl backend with NIXL's progress thread off (the default) and on, and tcp.
+
+Targets (checked and printed with the numbers): nixl >= 70% of the copy bandwidth for transfers of
+1 MiB and more; scattered < 2x contiguous at 256 blocks; handoff <= 2 x bytes / copy bandwidth + 1 ms.
+
+Memory: about 3 x max(sizes) x block-bytes (8.6 GiB at 4096 blocks of 737,280 bytes).
+
+    python benchmarks/kv_transfer.py --json bench-results/kv_transfer.json
+    python benchmarks/kv_transfer.py --sizes 1,16 --reps 1 --handoff-reps 3      # a smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kvtransfer import KVReceiver, KVSender, TransferConfig  # noqa: E402
+from kvtransfer import TransferState as S  # noqa: E402
+from kvtransfer.descriptors import coalesce_runs  # noqa: E402
+
+SMOLLM2_BLOCK_BYTES = 737_280
+HANDOFF_BLOCKS = 16
+AUX_SLOTS, AUX_BYTES = 64, 64
+
+
+def bench_config(backend: str, progress_thread: bool = False) -> TransferConfig:
+    # Generous timeouts: a multi-GiB write on a loaded 2-core machine takes seconds.
+    return TransferConfig(backend=backend, nixl_ucx_devices="lo", nixl_progress_thread=progress_thread,
+                          bootstrap_timeout_s=60.0, transfer_timeout_s=300.0, heartbeat_interval_s=1.0,
+                          heartbeat_timeout_s=60.0)
+
+
+def make_pool(num_blocks: int, block_bytes: int, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pool = torch.empty(num_blocks, block_bytes, dtype=torch.uint8)
+    pool.fill_(fill)  # touches every page: no first-touch faults inside timings
+    return pool, torch.full((AUX_SLOTS, AUX_BYTES), fill, dtype=torch.uint8)
+
+
+# -- the receiver child ---------------------------------------------------------------------------
+def receiver_main(conn, backend: str, progress_thread: bool, num_blocks: int, block_bytes: int) -> None:
+    pool, aux = make_pool(num_blocks, block_bytes, 0)
+    with KVReceiver(pool, aux, bench_config(backend, progress_thread)) as rcv:
+        conn.send("ready")
+        while conn.poll(600):
+            op, args = conn.recv()
+            if op == "close":
+                return
+            room, address, dst, aux_slot = args
+            rcv.add_room(room, address, dst, aux_slot)
+            if op == "room":  # the parent drives the sender, then asks for the outcome
+                conn.send("added")
+                conn.poll(600)
+                conn.recv()
+            state = rcv.wait(room, S.SUCCESS, 600.0)
+            rec = rcv.release(room)
+            conn.send((int(state), rec.t_done - rec.t_added if rec.t_done else None))
+
+
+class Receiver:
+    def __init__(self, backend: str, progress_thread: bool, num_blocks: int, block_bytes: int):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=receiver_main, args=(child, backend, progress_thread, num_blocks, block_bytes),
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self._expect("ready", 300)
+
+    def _expect(self, what: str | None, timeout: float):
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"receiver child {self.proc.pid} silent for {timeout} s")
+        got = self.conn.recv()
+        if what is not None and got != what:
+            raise RuntimeError(f"receiver child said {got!r}, expected {what!r}")
+        return got
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(("close", None))
+        except OSError:
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.join(5)
+
+
+# -- measurements ---------------------------------------------------------------------------------
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ids_for(n: int, num_blocks: int, pattern: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if pattern == "contiguous":
+        return np.arange(n), np.arange(n)
+    return rng.choice(num_blocks, n, replace=False), rng.choice(num_blocks, n, replace=False)
+
+
+def copy_reference(pool: torch.Tensor, n: int, pattern: str, reps: int, rng: np.random.Generator) -> float:
+    dst = torch.empty(n, pool.shape[1], dtype=pool.dtype)
+    dst.fill_(1)
+    times = []
+    for _ in range(reps + 1):  # the first round warms caches and is dropped
+        ids = torch.from_numpy(ids_for(n, pool.shape[0], pattern, rng)[0])
+        t0 = time.perf_counter()
+        if pattern == "contiguous":
+            dst.copy_(pool[:n])
+        else:
+            torch.index_select(pool, 0, ids, out=dst)
+        times.append(time.perf_counter() - t0)
+    return median(times[1:])
+
+
+def one_room(snd: KVSender, rcv: Receiver, room: int, src, dst, aux: int | None) -> dict:
+    snd.add_room(room)
+    rcv.conn.send(("room", (room, snd.bootstrap_address, dst.tolist(), aux)))
+    rcv._expect("added", 60)
+    if snd.wait(room, S.WAITING_FOR_INPUT, 120.0) != S.WAITING_FOR_INPUT:
+        raise RuntimeError(f"room {room}: no destination: {snd.failure_reason(room)}")
+    snd.send(room, src, aux)
+    rcv.conn.send(("go", None))
+    state, _ = rcv._expect(None, 600)
+    if snd.wait(room, S.SUCCESS, 600.0) != S.SUCCESS or state != S.SUCCESS:
+        raise RuntimeError(f"room {room} failed: {snd.failure_reason(room)}")
+    rec = snd.release(room)
+    return {"write_s": rec.t_landed - rec.t_posted, "room_s": rec.t_done - rec.t_posted}
+
+
+def handoff(snd: KVSender, rcv: Receiver, rooms: range, num_blocks: int, rng: np.random.Generator) -> list[float]:
+    out = []
+    for room in rooms:
+        src, dst = ids_for(HANDOFF_BLOCKS, num_blocks, "scattered", rng)
+        snd.add_room(room)
+        snd.send(room, src, 0)  # the prompt's KV is ready: the write is armed for the destination
+        rcv.conn.send(("handoff", (room, snd.bootstrap_address, dst.tolist(), room % AUX_SLOTS)))
+        state, latency = rcv._expect(None, 600)
+        snd.wait(room, S.SUCCESS, 600.0)
+        snd.release(room)
+        if state != S.SUCCESS:
+            raise RuntimeError(f"handoff room {room} failed")
+        out.append(latency)
+    return out
+
+
+def run_benchmark(sizes=(1, 16, 256, 4096), block_bytes: int = SMOLLM2_BLOCK_BYTES, reps: int = 5,
+                  backends=("nixl", "tcp"), handoff_reps: int = 20, compare_progress_thread: bool = True,
+                  copy_threads: int = 1, seed: int = 0, log=print) -> dict:
+    """Run everything and return the report (what --json writes)."""
+    torch.set_num_threads(copy_threads)
+    rng = np.random.default_rng(seed)
+    num_blocks = max(max(sizes), HANDOFF_BLOCKS)
+    log(f"pools: {num_blocks} blocks x {block_bytes} B = {num_blocks * block_bytes / 2**30:.2f} GiB per process")
+    pool, aux = make_pool(num_blocks, block_bytes, 7)
+    report = {"config": {"sizes": list(sizes), "block_bytes": block_bytes, "reps": reps, "backends": list(backends),
+                         "handoff_reps": handoff_reps, "handoff_blocks": HANDOFF_BLOCKS, "copy_threads": copy_threads,
+                         "seed": seed},
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                          "loadavg": os.getloadavg()},
+              "copy": [], "transfers": [], "handoff": {}}
+
+    copy_s = {}
+    for n in sizes:
+        for pattern in ("contiguous", "scattered"):
+            t = copy_reference(pool, n, pattern, max(reps, 3), rng)
+            copy_s[n, pattern] = t
+            report["copy"].append({"blocks": n, "pattern": pattern, "bytes": n * block_bytes, "copy_s": t,
+                                   "gbps": n * block_bytes / t / 1e9})
+            log(f"copy   {pattern:10s} {n:5d} blocks {n * block_bytes / 2**20:9.2f} MiB  {t * 1e3:9.3f} ms"
+                f"  {n * block_bytes / t / 1e9:6.2f} GB/s")
+
+    variants = [(b, False) for b in backends] + ([("nixl", True)] if compare_progress_thread and "nixl" in backends else [])
+    room = 1
+    for backend, pthread in variants:
+        label = backend + ("+progress_thread" if pthread else "")
+        rcv = Receiver(backend, pthread, num_blocks, block_bytes)
+        try:
+            with KVSender(pool, aux, bench_config(backend, pthread)) as snd:
+                # UCX finishes wiring a new peer up during the first few writes (they can take ms): keep
+                # those out of the timings.
+                for _ in range(8):
+                    one_room(snd, rcv, room, np.arange(1), np.arange(1), 0)
+                    room += 1
+                if not pthread:
+                    for n in sizes:
+                        for pattern in ("contiguous", "scattered"):
+                            res = []
+                            for _ in range(reps):
+                                src, dst = ids_for(n, num_blocks, pattern, rng)
+                                res.append(one_room(snd, rcv, room, src, dst, 0))
+                                room += 1
+                            w, r = median([x["write_s"] for x in res]), median([x["room_s"] for x in res])
+                            nbytes = n * block_bytes
+                            row = {"backend": label, "blocks": n, "pattern": pattern, "bytes": nbytes,
+                                   "runs": len(coalesce_runs(*ids_for(n, num_blocks, pattern, rng))),
+                                   "write_s": w, "room_s": r, "gbps": nbytes / w / 1e9,
+                                   "vs_copy_same_pattern": copy_s[n, pattern] / w,
+                                   "vs_copy_contiguous": copy_s[n, "contiguous"] / w}
+                            report["transfers"].append(row)
+                            log(f"{label:5s} {pattern:10s} {n:5d} blocks {nbytes / 2**20:9.2f} MiB  write {w * 1e3:9.3f} ms"
+                                f"  {row['gbps']:6.2f} GB/s ({row['vs_copy_contiguous']:.0%} of copy)"
+                                f"  room {r * 1e3:9.3f} ms")
+                lat = handoff(snd, rcv, range(room, room + handoff_reps), num_blocks, rng)
+                room += handoff_reps
+                report["handoff"][label] = {"median_s": median(lat), "p90_s": float(np.percentile(lat, 90)),
+                                            "min_s": min(lat), "samples_s": lat}
+                log(f"{label:5s} handoff 16 x {block_bytes} B: median {median(lat) * 1e3:.3f} ms,"
+                    f" p90 {np.percentile(lat, 90) * 1e3:.3f} ms, min {min(lat) * 1e3:.3f} ms")
+        finally:
+            rcv.stop()
+
+    report["targets"] = check_targets(report, block_bytes, copy_s)
+    for t in report["targets"]:
+        log(f"target {'MET ' if t['met'] else 'MISS'} {t['name']}: {t['detail']}")
+    return report
+
+
+def check_targets(report: dict, block_bytes: int, copy_s: dict) -> list[dict]:
+    out = []
+    for row in report["transfers"]:
+        if row["backend"] == "nixl" and row["bytes"] >= 1 << 20:
+            out.append({"name": f"nixl >= 70% of copy bandwidth ({row['pattern']}, {row['blocks']} blocks)",
+                        "met": row["vs_copy_contiguous"] >= 0.7,
+                        "detail": f"nixl {row['gbps']:.2f} GB/s vs copy "
+                                  f"{row['bytes'] / copy_s[row['blocks'], 'contiguous'] / 1e9:.2f} GB/s"
+                                  f" = {row['vs_copy_contiguous']:.0%}"})
+    by = {(r["backend"], r["blocks"], r["pattern"]): r for r in report["transfers"]}
+    for backend in {r["backend"] for r in report["transfers"]}:
+        c, s = by.get((backend, 256, "contiguous")), by.get((backend, 256, "scattered"))
+        if c and s:
+            out.append({"name": f"{backend}: scattered < 2x contiguous at 256 blocks", "met": s["write_s"] < 2 * c["write_s"],
+                        "detail": f"scattered {s['write_s'] * 1e3:.2f} ms ({s['runs']} runs) vs contiguous"
+                                  f" {c['write_s'] * 1e3:.2f} ms = {s['write_s'] / c['write_s']:.2f}x"})
+    nbytes = HANDOFF_BLOCKS * block_bytes
+    if (HANDOFF_BLOCKS, "contiguous") in copy_s:
+        budget = 2 * copy_s[HANDOFF_BLOCKS, "contiguous"] + 1e-3
+        for label, h in report["handoff"].items():
+            out.append({"name": f"{label}: handoff <= 2 x bytes/copy bandwidth + 1 ms", "met": h["median_s"] <= budget,
+                        "detail": f"median {h['median_s'] * 1e3:.3f} ms vs budget {budget * 1e3:.3f} ms"
+                                  f" ({nbytes} B; copy {copy_s[HANDOFF_BLOCKS, 'contiguous'] * 1e3:.3f} ms)"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1,16,256,4096", help="block counts, comma-separated")
+    ap.add_argument("--block-bytes", type=int, default=SMOLLM2_BLOCK_BYTES)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--backends", default="nixl,tcp")
+    ap.add_argument("--handoff-reps", type=int, default=20)
+    ap.add_argument("--no-progress-thread-compare", action="store_true",
+                    help="skip the nixl handoff with NIXL's progress thread on")
+    ap.add_argument("--copy-threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write the full report here")
+    args = ap.parse_args(argv)
+    report = run_benchmark(sizes=tuple(int(x) for x in args.sizes.split(",")), block_bytes=args.block_bytes,
+                           reps=args.reps, backends=tuple(args.backends.split(",")), handoff_reps=args.handoff_reps,
+                           compare_progress_thread=not args.no_progress_thread_compare,
+                           copy_threads=args.copy_threads, seed=args.seed)
+    report["command"] = " ".join(["python", "benchmarks/kv_transfer.py", *(argv if argv is not None else sys.argv[1:])])
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

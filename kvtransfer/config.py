@@ -1,0 +1,51 @@
+"""TransferConfig: the frozen options of one transfer endpoint, every timeout among them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    backend: str = "nixl"
+    # Where this endpoint's own sockets bind (the bootstrap server, the tcp backend's data socket).
+    host: str = "127.0.0.1"
+    # 0 binds an ephemeral port; read it back from KVSender.bootstrap_address.
+    bootstrap_port: int = 0
+    # Sender: after add_room, the destination must arrive within this. Receiver: registration with the
+    # prefill peer must complete and the destination be handed over within this.
+    bootstrap_timeout_s: float = 30.0
+    # Receiver: after the destination is handed over, the prefill must start writing within this. It
+    # covers the prefill's queueing and compute, hence long; a live prefill aborts rooms it drops.
+    wait_timeout_s: float = 300.0
+    # From write posted (sender) / SENDING seen (receiver) to the receiver's acknowledgement.
+    transfer_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 1.0
+    # Silence after which a peer is dead; also how long an abort waits for the peer's confirmation.
+    heartbeat_timeout_s: float = 5.0
+    # The endpoint thread's poll period while bytes are in motion, and while nothing is.
+    busy_poll_s: float = 0.0002
+    idle_poll_s: float = 0.005
+    # NIXL's own progress thread costs ~8 ms per notification (it sleeps in poll() >= 1 ms); without
+    # it our endpoint thread drives UCX (see nixl_backend.py).
+    nixl_progress_thread: bool = False
+    # UCX network devices, e.g. "lo" to keep tests on loopback or "mlx5_0:1" in production; "" = UCX default.
+    nixl_ucx_devices: str = ""
+    # tcp backend: bytes per data message (a run of blocks is split into pieces of at most this).
+    tcp_chunk_bytes: int = 4 << 20
+    # Largest bootstrap message accepted; a bigger one is dropped by ZMQ before it is decoded.
+    max_message_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("bootstrap_timeout_s", "wait_timeout_s", "transfer_timeout_s", "heartbeat_interval_s",
+                     "heartbeat_timeout_s", "busy_poll_s", "idle_poll_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if not 0 <= self.bootstrap_port < 65536:
+            raise ValueError(f"bootstrap_port out of range: {self.bootstrap_port}")
+        if self.tcp_chunk_bytes < 4096 or self.max_message_bytes < 4096:
+            raise ValueError("tcp_chunk_bytes and max_message_bytes must be >= 4096")
+
+    def with_(self, **changes) -> TransferConfig:
+        return replace(self, **changes)

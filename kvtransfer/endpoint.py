@@ -1,0 +1,94 @@
+"""Endpoint: what KVSender and KVReceiver share: a registered backend, a RoomTable, an EndpointLoop, and
+the caller-facing reads (poll, wait, release, stats). The two subclasses add their side's protocol.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from kvtransfer.base import TransferState, create_backend
+from kvtransfer.config import TransferConfig
+from kvtransfer.endpoint_loop import EndpointLoop
+from kvtransfer.rooms import Room, RoomTable
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStats:
+    rooms: int          # rooms not yet released, terminal ones included
+    live_rooms: int     # rooms not yet terminal
+    held_blocks: int    # destination blocks named by rooms not yet released
+    peers: int          # sender: registered receivers; receiver: links to senders
+
+
+class Endpoint:
+    role = "endpoint"
+
+    def __init__(self, pool: torch.Tensor, aux: torch.Tensor, config: TransferConfig, name: str | None):
+        self.config = config
+        self.name = name or f"{self.role}-{uuid.uuid4().hex[:16]}"
+        self.backend = create_backend(config, self.name)
+        try:
+            self.layout = self.backend.register(pool, aux)
+        except Exception:
+            self.backend.close()
+            raise
+        self.rooms = RoomTable()
+        self._ctx = zmq.Context()
+        self._loop = EndpointLoop(self.name, self._tick, self._sockets, self._shutdown)
+        self._closed = False
+
+    # -- caller API shared by both sides ----------------------------------------------------------
+    def poll(self, room: int) -> TransferState:
+        """The room's state; FAILED and SUCCESS are final and mean no byte of it can still move."""
+        return self.rooms.require(room).state
+
+    def failure_reason(self, room: int) -> str | None:
+        return self.rooms.require(room).reason
+
+    def wait(self, room: int, until: TransferState = TransferState.SUCCESS, timeout: float = 60.0) -> TransferState:
+        """Block until the room reaches `until` or a final state, or `timeout` passes; its state."""
+        return self.rooms.wait(room, until, timeout)
+
+    def release(self, room: int) -> Room:
+        """Forget a finished room (FAILED or SUCCESS) and return its record (timings, reason)."""
+        return self.rooms.release(room)
+
+    def stats(self) -> EndpointStats:
+        with self.rooms.cond:
+            live = sum(1 for _ in self.rooms.live())
+            return EndpointStats(len(self.rooms), live, self.rooms.held_blocks(), self._peer_count())
+
+    def close(self) -> None:
+        """Stop the loop (live rooms are aborted towards their peers), then free sockets and the backend."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.stop()
+        self._close_sockets()
+        self.backend.close()
+        self._ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- for subclasses ---------------------------------------------------------------------------
+    def _tick(self) -> float:
+        raise NotImplementedError
+
+    def _sockets(self) -> list[zmq.Socket]:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        raise NotImplementedError
+
+    def _close_sockets(self) -> None:
+        raise NotImplementedError
+
+    def _peer_count(self) -> int:
+        raise NotImplementedError

@@ -1,0 +1,112 @@
+"""FakeBackend: endpoints in one process write into each other's pools with torch copies.
+
+For unit tests of callers (queues, rooms, the bootstrap protocol) without NIXL or sockets. Knobs
+make it misbehave on purpose: `fail_writes` fails every post, `hold_writes` keeps writes in
+TRANSFERRING until `complete_held()`, `drop_notifications` loses them.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+
+import msgpack
+import numpy as np
+import torch
+
+from kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
+from kvtransfer.layout import PoolLayout
+
+_FABRIC: weakref.WeakValueDictionary[str, FakeBackend] = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
+
+
+class FakeBackend(TransferBackend):
+    name = "fake"
+
+    def __init__(self, config, endpoint_name):
+        super().__init__(config, endpoint_name)
+        self.fail_writes = False
+        self.hold_writes = False
+        self.drop_notifications = False
+        self._peers: dict[str, PeerInfo] = {}
+        self._xfers: dict[XferId, tuple[TransferState, str, object]] = {}
+        self._held: list[tuple[XferId, Callable[[], None]]] = []
+        self._inbox: list[Notification] = []
+        _FABRIC[endpoint_name] = self
+
+    def register(self, pool, aux):
+        self.pool, self.aux = pool, aux
+        self.layout = PoolLayout.from_tensors(pool, aux)
+        return self.layout
+
+    def metadata(self):
+        return msgpack.packb({"name": self.endpoint_name, "layout": self.layout.to_wire()})
+
+    def add_peer(self, metadata):
+        d = msgpack.unpackb(metadata)
+        info = PeerInfo(d["name"], PoolLayout.from_wire(d["layout"]))
+        self.layout.check_peer(info.layout)
+        self._peers[info.name] = info
+        return info
+
+    def remove_peer(self, name):
+        self._peers.pop(name, None)
+        for x, (state, peer, err) in list(self._xfers.items()):
+            if peer == name and state == TransferState.TRANSFERRING:
+                self._xfers[x] = (TransferState.FAILED, peer, PeerDisconnectedError(f"peer {name} removed"))
+        self._held = [(x, f) for x, f in self._held if self._xfers[x][0] == TransferState.TRANSFERRING]
+
+    def write(self, peer, src_blocks, dst_blocks, src_aux, dst_aux, notification):
+        if peer not in self._peers:
+            raise PeerError(f"unknown peer {peer!r}")
+        if self.fail_writes:
+            raise TransferError("fake backend: fail_writes is set")
+        target = _FABRIC.get(peer)
+        if target is None:
+            raise PeerDisconnectedError(f"peer {peer!r} is gone")
+        xfer = XferId(next(_ids))
+
+        def land() -> None:
+            src = torch.as_tensor(np.asarray(src_blocks), device=self.pool.device)
+            dst = torch.as_tensor(np.asarray(dst_blocks), device=target.pool.device)
+            target.pool.index_copy_(0, dst, self.pool.index_select(0, src).to(target.pool.device))
+            if src_aux is not None and dst_aux is not None:
+                target.aux[dst_aux].copy_(self.aux[src_aux])
+            if not target.drop_notifications:
+                target._inbox.append(Notification(self.endpoint_name, bytes(notification)))
+            self._xfers[xfer] = (TransferState.SUCCESS, peer, None)
+
+        self._xfers[xfer] = (TransferState.TRANSFERRING, peer, None)
+        if self.hold_writes:
+            self._held.append((xfer, land))
+        else:
+            land()
+        return xfer
+
+    def complete_held(self) -> int:
+        held, self._held = self._held, []
+        for _, land in held:
+            land()
+        return len(held)
+
+    def poll(self, xfer):
+        return self._xfers[xfer][0] if xfer in self._xfers else TransferState.FAILED
+
+    def failure(self, xfer):
+        return self._xfers[xfer][2] if xfer in self._xfers else TransferError(f"unknown transfer {xfer}")
+
+    def release(self, xfer):
+        self._xfers.pop(xfer, None)
+        self._held = [(x, f) for x, f in self._held if x != xfer]
+
+    def notifications(self):
+        out, self._inbox = self._inbox, []
+        return out
+
+    def close(self):
+        self._peers.clear()
+        self._xfers.clear()
+        self._held.clear()
+        _FABRIC.pop(self.endpoint_name, None)

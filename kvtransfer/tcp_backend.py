@@ -1,0 +1,281 @@
+"""TcpBackend: the same contract over pyzmq, for machines without NIXL.
+
+Each endpoint binds one ROUTER data socket (its address goes in the metadata); a writer opens one
+DEALER per peer, with its endpoint name as routing id. A write is a sequence of messages on that one
+pipe, which ZMQ delivers in order:
+
+    [header {x, off, n}, bytes]               one per piece of a run (runs cut at tcp_chunk_bytes)
+    [header {x, end, pieces, aux_off, notif}, aux bytes]   last: aux slot + notification
+
+The receiver copies each piece into its pool (bounds-checked), and on the last message checks the
+piece count, queues the notification and answers {x, ok}: SUCCESS for the writer means the bytes
+are in the peer's pool, like NIXL's local completion. Frames are sent zero-copy from CPU pools, so
+the source blocks must stay untouched until the write is no longer TRANSFERRING (rooms ensure it).
+A dead peer is not noticed here: writes stay TRANSFERRING until the endpoint times them out or
+removes the peer (heartbeats).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import cast
+
+import msgpack
+import numpy as np
+import torch
+import zmq
+
+from kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from kvtransfer.descriptors import coalesce_runs
+from kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
+from kvtransfer.layout import PoolLayout
+
+log = logging.getLogger(__name__)
+_VERSION = 1
+
+
+@dataclass(slots=True)
+class _Out:
+    peer: str
+    state: TransferState = TransferState.TRANSFERRING
+    error: Exception | None = None
+
+
+@dataclass(slots=True)
+class _In:
+    started: float
+    pieces: int = 0
+    bad: str | None = None
+
+
+@dataclass(slots=True)
+class _Peer:
+    info: PeerInfo
+    sock: zmq.Socket
+    xfers: set = field(default_factory=set)
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+class TcpBackend(TransferBackend):
+    name = "tcp"
+
+    def __init__(self, config, endpoint_name):
+        super().__init__(config, endpoint_name)
+        self._ctx = zmq.Context()
+        self._closed = False
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self._router.setsockopt(zmq.MAXMSGSIZE, config.tcp_chunk_bytes + (1 << 20))
+        port = self._router.bind_to_random_port(f"tcp://{config.host}")
+        self.address = f"tcp://{config.host}:{port}"
+        self._peers: dict[str, _Peer] = {}
+        self._out: dict[XferId, _Out] = {}
+        self._in: dict[tuple[bytes, int], _In] = {}
+        self._inbox: list[Notification] = []
+        self._ids = itertools.count(1)
+
+    def register(self, pool, aux):
+        self.layout = PoolLayout.from_tensors(pool, aux)
+        self._pool, self._aux = _flat_bytes(pool), _flat_bytes(aux)
+        # A numpy view lets CPU pools be sent and filled without an extra copy.
+        self._pool_np = self._pool.numpy() if pool.device.type == "cpu" else None
+        self._aux_np = self._aux.numpy() if aux.device.type == "cpu" else None
+        # The aux slot rides in the last message, so allow for it beyond one chunk.
+        self._router.setsockopt(zmq.MAXMSGSIZE, self.config.tcp_chunk_bytes + self.layout.aux_slot_nbytes + (1 << 20))
+        return self.layout
+
+    def metadata(self):
+        return msgpack.packb({"layout": self.layout.to_wire(), "address": self.address, "name": self.endpoint_name})
+
+    def add_peer(self, metadata):
+        d = msgpack.unpackb(metadata)
+        if not isinstance(d, dict) or not isinstance(d.get("address"), str) or not isinstance(d.get("name"), str):
+            raise PeerError("tcp peer metadata lacks address or name")
+        info = PeerInfo(d["name"], PoolLayout.from_wire(d.get("layout")))
+        self.layout.check_peer(info.layout)
+        self.remove_peer(info.name)
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # a write queues all its pieces at once; never block the loop
+        sock.setsockopt(zmq.ROUTING_ID, self.endpoint_name.encode())
+        sock.connect(d["address"])
+        self._peers[info.name] = _Peer(info, sock)
+        return info
+
+    def remove_peer(self, name):
+        p = self._peers.pop(name, None)
+        if p is None:
+            return
+        for x in p.xfers:
+            out = self._out.get(x)
+            if out is not None and out.state == TransferState.TRANSFERRING:
+                out.state, out.error = TransferState.FAILED, PeerDisconnectedError(f"peer {name} removed")
+        p.sock.close(linger=0)
+
+    def write(self, peer, src_blocks, dst_blocks, src_aux, dst_aux, notification):
+        p = self._peers.get(peer)
+        if p is None:
+            raise PeerError(f"unknown peer {peer!r}")
+        xfer = XferId(next(self._ids))
+        bn, chunk = self.layout.block_nbytes, self.config.tcp_chunk_bytes
+        runs = coalesce_runs(np.asarray(src_blocks), np.asarray(dst_blocks))
+        pieces = 0
+        try:
+            for s, d, k in zip(runs.src_start.tolist(), runs.dst_start.tolist(), runs.length.tolist()):
+                for off in range(0, k * bn, chunk):
+                    n = min(chunk, k * bn - off)
+                    head = msgpack.packb({"v": _VERSION, "x": xfer, "off": d * bn + off, "n": n})
+                    p.sock.send_multipart([head, self._bytes(self._pool, self._pool_np, s * bn + off, n)],
+                                          flags=zmq.NOBLOCK, copy=False)
+                    pieces += 1
+            with_aux = src_aux is not None and dst_aux is not None
+            an = self.layout.aux_slot_nbytes
+            head = msgpack.packb({"v": _VERSION, "x": xfer, "end": True, "pieces": pieces,
+                                  "aux_off": dst_aux * an if with_aux else -1, "notif": bytes(notification)})
+            aux = self._bytes(self._aux, self._aux_np, src_aux * an, an) if with_aux else b""
+            p.sock.send_multipart([head, aux], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:
+            raise TransferError(f"tcp: send to {peer} failed: {e}") from e
+        self._out[xfer] = _Out(peer)
+        p.xfers.add(xfer)
+        return xfer
+
+    def poll(self, xfer):
+        self._pump()
+        out = self._out.get(xfer)
+        return out.state if out is not None else TransferState.FAILED
+
+    def failure(self, xfer):
+        out = self._out.get(xfer)
+        return out.error if out is not None else TransferError(f"unknown transfer {xfer}")
+
+    def release(self, xfer):
+        # Pieces already queued in ZMQ cannot be recalled; the receiver's room logic ignores them.
+        out = self._out.pop(xfer, None)
+        if out is not None and out.peer in self._peers:
+            self._peers[out.peer].xfers.discard(xfer)
+
+    def notifications(self):
+        self._pump()
+        out, self._inbox = self._inbox, []
+        return out
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        for name in list(self._peers):
+            self.remove_peer(name)
+        self._router.close(linger=0)
+        self._ctx.term()
+
+    # -- the wire --------------------------------------------------------------------------------
+    @staticmethod
+    def _bytes(flat: torch.Tensor, flat_np: np.ndarray | None, off: int, n: int):
+        if flat_np is not None:
+            return flat_np[off:off + n].data
+        return flat[off:off + n].cpu().numpy().tobytes()  # VRAM: stage through host memory
+
+    def _store(self, flat: torch.Tensor, flat_np: np.ndarray | None, off: int, buf) -> None:
+        src = np.frombuffer(buf, dtype=np.uint8)
+        if flat_np is not None:
+            flat_np[off:off + src.size] = src
+        else:
+            with warnings.catch_warnings():  # a read-only zmq buffer; it is copied at once
+                warnings.simplefilter("ignore")
+                flat[off:off + src.size].copy_(torch.from_numpy(src))
+
+    def _pump(self) -> None:
+        """Apply whatever arrived: data pieces on the router, acknowledgements on the dealers."""
+        while True:
+            try:
+                frames = self._router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._on_data(frames)
+        for p in list(self._peers.values()):
+            while True:
+                try:
+                    msg = p.sock.recv(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_ack(p, msg)
+
+    def _on_data(self, frames) -> None:
+        if len(frames) != 3:
+            log.error("tcp: dropped a data message of %d frames", len(frames))
+            return
+        ident, head, body = frames[0].bytes, frames[1].bytes, frames[2].buffer
+        try:
+            h = msgpack.unpackb(head)
+            if not isinstance(h, dict) or h.get("v") != _VERSION or not isinstance(h.get("x"), int):
+                raise ValueError(f"bad header {h!r:.200}")
+        except Exception as e:
+            log.error("tcp: dropped a data message from %r: %s", ident, e)
+            return
+        key = (ident, h["x"])
+        st = self._in.get(key)
+        if st is None:
+            st = self._in[key] = _In(time.monotonic())
+            self._expire_partial()
+        if not h.get("end"):
+            off, n = h.get("off"), h.get("n")
+            if not (isinstance(off, int) and isinstance(n, int) and n == len(body)
+                    and 0 <= off and off + n <= self.layout.num_blocks * self.layout.block_nbytes):
+                st.bad = f"piece out of bounds (off={off}, n={n}, got {len(body)} bytes)"
+                return
+            self._store(self._pool, self._pool_np, off, body)
+            st.pieces += 1
+            return
+        del self._in[key]
+        aux_off, notif = h.get("aux_off"), h.get("notif")
+        if st.bad is None and st.pieces != h.get("pieces"):
+            st.bad = f"{st.pieces} of {h.get('pieces')} pieces arrived"
+        if st.bad is None and not isinstance(notif, bytes):
+            st.bad = "notification missing"
+        if st.bad is None and aux_off != -1:
+            an = self.layout.aux_slot_nbytes
+            if not (isinstance(aux_off, int) and 0 <= aux_off and aux_off + an <= self.layout.aux_slots * an
+                    and len(body) == an and aux_off % an == 0):
+                st.bad = f"aux slot out of bounds (off={aux_off}, {len(body)} bytes)"
+            else:
+                self._store(self._aux, self._aux_np, aux_off, body)
+        if st.bad is None:
+            self._inbox.append(Notification(ident.decode(errors="replace"), cast(bytes, notif)))
+        else:
+            log.error("tcp: write %d from %r failed: %s", h["x"], ident, st.bad)
+        try:
+            self._router.send_multipart([ident, msgpack.packb({"v": _VERSION, "x": h["x"], "ok": st.bad is None,
+                                                                 "error": st.bad or ""})], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the writer is gone; it will time out on its own
+            log.debug("tcp: ack to %r not sent: %s", ident, e)
+
+    def _expire_partial(self) -> None:
+        """Forget writes whose last message never came (the writer died mid-way)."""
+        limit = time.monotonic() - self.config.transfer_timeout_s
+        for key in [k for k, st in self._in.items() if st.started < limit]:
+            log.warning("tcp: write %d from %r never finished; dropped", key[1], key[0])
+            del self._in[key]
+
+    def _on_ack(self, p: _Peer, msg: bytes) -> None:
+        try:
+            a = msgpack.unpackb(msg)
+            out = self._out.get(a["x"])
+        except Exception as e:
+            log.error("tcp: bad acknowledgement from %s: %s", p.info.name, e)
+            return
+        if out is None or out.state != TransferState.TRANSFERRING:
+            return
+        p.xfers.discard(a["x"])
+        if a.get("ok") is True:
+            out.state = TransferState.SUCCESS
+        else:
+            out.state, out.error = TransferState.FAILED, TransferError(f"tcp: peer rejected the write: {a.get('error')}")

@@ -1,0 +1,38 @@
+"""`raypd generate` as a user runs it: a subprocess, JSON lines out, clear errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import NEW_TOKENS
+from tests.prompts import CHAT_PROMPTS, RAW_PROMPTS
+
+
+def raypd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_json_matches_transformers(tmp_path, hf_reference):
+    lines = [{"prompt": p} for p in RAW_PROMPTS] + [{"messages": m} for m in CHAT_PROMPTS]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    r = raypd("generate", "--input", str(path), "--json", "--max-tokens", str(NEW_TOKENS), "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    results = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["token_ids"] for x in results] == hf_reference
+    for x in results:
+        assert set(x) == {"token_ids", "text", "finish_reason", "num_cached_tokens"}
+        assert x["finish_reason"] in ("stop", "length")
+
+
+def test_generate_reports_bad_input_in_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
+    for args, words in [(["--input", str(bad)], "bad.jsonl:2"), (["--max-tokens", "0", "hi"], "max_tokens"),
+                        (["--model", str(tmp_path / "missing"), "hi"], "does not exist"), ([], "no prompts"),
+                        (["--input", str(tmp_path / "absent.jsonl")], "cannot read")]:
+        r = raypd("generate", *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert words in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
