@@ -4,6 +4,7 @@ the caller-facing reads (poll, wait, release, stats). The two subclasses add the
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ class EndpointStats:
     peers: int          # sender: registered receivers; receiver: links to senders
 
 
-class Endpoint:
+class Endpoint(ABC):
     role = "endpoint"
 
     def __init__(self, pool: torch.Tensor, aux: torch.Tensor, config: TransferConfig, name: str | None):
@@ -77,18 +78,23 @@ class Endpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- for subclasses ---------------------------------------------------------------------------
+    # -- what each side implements ---------------------------------------------------------------------------
+    @abstractmethod
     def _tick(self) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _sockets(self) -> list[zmq.Socket]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _shutdown(self) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _close_sockets(self) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _peer_count(self) -> int:
-        raise NotImplementedError
+        ...
