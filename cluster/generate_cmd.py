@@ -1,4 +1,8 @@
-"""`raypd generate`: run prompts through one engine and print completions (text or JSON lines)."""
+"""`raypd generate`: run prompts and print completions (text or JSON lines, in input order).
+
+--mode single (default) runs one engine in this process; --mode pd starts (or joins, --address) a Ray
+cluster with prefill and decode node actors and sends every prompt through them at once; --mode mixed
+does the same with colocated nodes. The output is the same in every mode."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +12,7 @@ from pathlib import Path
 
 
 def add_generate_parser(sub) -> None:
-    p = sub.add_parser("generate", help="generate completions for prompts with a single-node engine")
+    p = sub.add_parser("generate", help="generate completions for prompts (one engine, or PD / mixed node actors)")
     p.add_argument("prompts", nargs="*", help="prompt strings")
     p.add_argument("--input", type=Path, help='JSONL file: {"prompt": str} | {"prompt_token_ids": [int]} | {"messages": [...]}')
     p.add_argument("--model", help="Hugging Face model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
@@ -21,6 +25,17 @@ def add_generate_parser(sub) -> None:
     s.add_argument("--min-p", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--ignore-eos", action="store_true")
+    c = p.add_argument_group("cluster (--mode pd | mixed)")
+    c.add_argument("--mode", choices=["single", "pd", "mixed"], default="single")
+    c.add_argument("--prefill-nodes", type=int, default=1)
+    c.add_argument("--decode-nodes", type=int, default=1)
+    c.add_argument("--mixed-nodes", type=int, default=1)
+    c.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    c.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
+    c.add_argument("--gpus-per-node", type=float, default=0.0)
+    c.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
+    c.add_argument("--decode-num-blocks", type=int, default=None, help="KV blocks on decode nodes (default --num-blocks)")
+    c.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one token")
     e = p.add_argument_group("engine")
     e.add_argument("--block-size", type=int, default=16)
     e.add_argument("--num-blocks", type=int, default=None)
@@ -57,6 +72,13 @@ def read_prompts(args) -> list:
     return prompts
 
 
+def engine_options(args) -> dict:
+    return dict(block_size=args.block_size, num_blocks=args.num_blocks, chunked_prefill_size=args.chunked_prefill_size,
+                max_num_batched_tokens=args.max_num_batched_tokens, max_running_requests=args.max_running_requests,
+                schedule_policy=args.schedule_policy, enable_prefix_cache=not args.no_prefix_cache,
+                dtype=args.dtype, device=args.device, num_threads=args.threads)
+
+
 def run_generate(args) -> int:
     from engine import LLM, EngineError, SamplingParams
 
@@ -64,13 +86,12 @@ def run_generate(args) -> int:
         prompts = read_prompts(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos)
-        llm = LLM(args.model, block_size=args.block_size, num_blocks=args.num_blocks,
-                  chunked_prefill_size=args.chunked_prefill_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                  max_running_requests=args.max_running_requests, schedule_policy=args.schedule_policy,
-                  enable_prefix_cache=not args.no_prefix_cache, dtype=args.dtype, device=args.device,
-                  num_threads=args.threads)
-        outputs = llm.generate(prompts, params)
-    except (EngineError, ValueError) as e:
+        if args.mode == "single":
+            outputs = LLM(args.model, **engine_options(args)).generate(prompts, params)
+        else:
+            from cluster.cluster_generate import generate_on_cluster
+            outputs = generate_on_cluster(args, prompts, params)
+    except (EngineError, ValueError, RuntimeError) as e:
         print(f"raypd generate: error: {e}", file=sys.stderr)
         return 2
     for out in outputs:

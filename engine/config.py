@@ -21,6 +21,10 @@ class EngineConfig:
     device: str = "auto"  # "auto": cuda when available, else cpu
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     seed: int = 0  # seeds the per-request generators of requests that bring no seed
+    # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
+    # each step, jumps back after a retraction). Lower admits more and risks retraction.
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_batched_tokens", "max_running_requests", "kv_cache_memory_mb"):
@@ -32,5 +36,8 @@ class EngineConfig:
             raise ConfigError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
+            raise ConfigError("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1, got "
+                              f"{self.min_new_token_ratio} and {self.init_new_token_ratio}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")

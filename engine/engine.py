@@ -50,10 +50,13 @@ class LLMEngine:
             block_size=cfg.block_size, max_num_batched_tokens=cfg.max_num_batched_tokens,
             chunked_prefill_size=cfg.chunked_prefill_size, max_running_requests=cfg.max_running_requests,
             schedule_policy=cfg.schedule_policy, enable_prefix_cache=cfg.enable_prefix_cache,
+            init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
         self.sampler = Sampler(self.device, cfg.seed)
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device)
         self.requests: dict[str, Request] = {}
+        self.reservations: dict[object, list[int]] = {}
+        self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)  # PD decode: blocks waiting for a transfer
         self._ids = itertools.count()
 
     def _blocks_for_memory(self, mc: ModelConfig, dtype: torch.dtype) -> int:
@@ -65,8 +68,18 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
-        ids = self._validate(prompt_token_ids, params)
+                    request_id: str | None = None, prefill_only: bool = False) -> str:
+        """Queue a request. prefill_only (a PD prefill node): stop after the first sampled token and
+        hold the prompt's KV blocks until release(); prefilled_blocks() names them."""
+        req = self._new_request(prompt_token_ids, params, request_id, prefill_only)
+        req.prefill_only = prefill_only
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+        return req.request_id
+
+    def _new_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None,
+                     prefill_only: bool = False) -> Request:
+        ids = self._validate(prompt_token_ids, params, prefill_only)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {rid!r}", "request_id")
@@ -74,13 +87,11 @@ class LLMEngine:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= set(mc.eos_token_ids)
-        req = Request(rid, ids, params, frozenset(stops),
-                      max_total_tokens=min(len(ids) + params.max_tokens, mc.max_position_embeddings))
-        self.requests[rid] = req
-        self.scheduler.add(req)
-        return rid
+        return Request(rid, ids, params, frozenset(stops),
+                       max_total_tokens=min(len(ids) + params.max_tokens, mc.max_position_embeddings))
 
-    def _validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[int]:
+    def _validate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                  prefill_only: bool = False) -> list[int]:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", "params")
         ids = list(prompt_token_ids)
@@ -93,13 +104,72 @@ class LLMEngine:
         ctx = self.model_config.max_position_embeddings
         if len(ids) >= ctx:
             raise InvalidRequestError(f"prompt has {len(ids)} tokens; the context length is {ctx}", "prompt")
-        total = min(len(ids) + params.max_tokens, ctx)
+        total = min(len(ids) + (1 if prefill_only else params.max_tokens), ctx)
         need = -(-total // self.config.block_size)
         if need > self.num_blocks:
             raise InvalidRequestError(
                 f"request needs {need} KV blocks ({total} tokens) but the cache holds only {self.num_blocks}",
                 "max_tokens")
         return ids
+
+    # -- PD: the prefill side ---------------------------------------------------------------------
+    def prefilled_blocks(self, request_id: str) -> list[int]:
+        """The blocks holding a PREFILLED request's prompt KV, in prompt order."""
+        req = self._require(request_id, RequestStatus.PREFILLED)
+        return req.block_table[:-(-req.num_prompt_tokens // self.config.block_size)]
+
+    def release(self, request_id: str) -> None:
+        """Let go of a PREFILLED request: its full prompt blocks stay in the prefix cache."""
+        req = self._require(request_id, RequestStatus.PREFILLED)
+        self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+        self.sampler.release(request_id)
+        del self.requests[request_id]
+
+    # -- PD: the decode side ----------------------------------------------------------------------
+    def reserve(self, key: object, num_prompt_tokens: int) -> list[int] | None:
+        """Take blocks for an incoming prompt's KV, or None while that would eat into the decode
+        headroom of the running requests (the caller retries later: back-pressure)."""
+        if key in self.reservations:
+            raise InvalidRequestError(f"reservation {key!r} exists", "request_id")
+        need = -(-num_prompt_tokens // self.config.block_size)
+        if need > self.num_blocks:
+            raise InvalidRequestError(f"prompt needs {need} KV blocks; the cache holds {self.num_blocks}", "prompt")
+        if not self.scheduler.can_reserve(need):
+            return None
+        blocks = self.allocator.allocate(need)
+        self.reservations[key] = blocks
+        return list(blocks)
+
+    def unreserve(self, key: object) -> None:
+        blocks = self.reservations.pop(key, None)
+        if blocks is not None:
+            self.allocator.decref(blocks)
+
+    def add_prefilled(self, key: object, prompt_token_ids: Sequence[int], first_token: int, params: SamplingParams,
+                      request_id: str, num_cached_tokens: int = 0) -> StepOutput:
+        """Start decoding a request whose prompt KV arrived in reservation `key` and whose first token
+        the prefill node sampled. Returns that token as the request's first output (maybe final)."""
+        if key not in self.reservations:
+            raise InvalidRequestError(f"no reservation {key!r}", "request_id")
+        req = self._new_request(prompt_token_ids, params, request_id)
+        if not (isinstance(first_token, int) and 0 <= first_token < self.model_config.vocab_size):
+            raise InvalidRequestError(f"first token {first_token!r} is outside the vocabulary", "first_token")
+        if len(self.reservations[key]) != -(-req.num_prompt_tokens // self.config.block_size):
+            raise InvalidRequestError(f"reservation {key!r} does not fit a {req.num_prompt_tokens}-token prompt",
+                                      "prompt")
+        req.block_table = self.reservations.pop(key)
+        req.num_computed_tokens = req.num_prompt_tokens
+        req.num_cached_tokens = num_cached_tokens
+        req.token_ids.append(first_token)
+        self.requests[request_id] = req
+        self.scheduler.add_running(req)
+        return self._emit(req, first_token)
+
+    def _require(self, request_id: str, status: RequestStatus) -> Request:
+        req = self.requests.get(request_id)
+        if req is None or req.status != status:
+            raise InvalidRequestError(f"no {status.name} request {request_id!r}", "request_id")
+        return req
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -113,6 +183,7 @@ class LLMEngine:
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule()
+        self.last_step_tokens = batch.num_tokens
         if not batch:
             return []
         sampled = self.runner.run(batch)
@@ -123,14 +194,20 @@ class LLMEngine:
                 continue
             req = item.request
             req.token_ids.append(token)
-            status = self._stop_status(req, token)
-            if status is not None:
-                self.scheduler.finish(req, status)
-                self.sampler.release(req.request_id)
-                del self.requests[req.request_id]
-            outputs.append(StepOutput(req.request_id, [token], req.status.is_finished, req.status.finish_reason,
-                                      req.num_cached_tokens or 0))
+            outputs.append(self._emit(req, token))
         return outputs
+
+    def _emit(self, req: Request, token: int) -> StepOutput:
+        if req.prefill_only:
+            self.scheduler.hold(req)
+            return StepOutput(req.request_id, [token], True, "prefilled", req.num_cached_tokens or 0)
+        status = self._stop_status(req, token)
+        if status is not None:
+            self.scheduler.finish(req, status)
+            self.sampler.release(req.request_id)
+            del self.requests[req.request_id]
+        return StepOutput(req.request_id, [token], req.status.is_finished, req.status.finish_reason,
+                          req.num_cached_tokens or 0)
 
     @staticmethod
     def _stop_status(req: Request, token: int) -> RequestStatus | None:
@@ -144,23 +221,26 @@ class LLMEngine:
     def block_accounting(self) -> BlockAccounting:
         cached = self.prefix_cache.cached_blocks()
         held = {b for r in self.requests.values() for b in r.block_table} - cached
+        held |= {b for blocks in self.reservations.values() for b in blocks}
         return BlockAccounting(total=self.num_blocks, free=self.allocator.num_free, cached=len(cached), held=len(held))
 
     def stats(self) -> dict:
         acc = self.block_accounting()
         return {"num_blocks": acc.total, "free_blocks": acc.free, "cached_blocks": acc.cached,
                 "held_blocks": acc.held, "waiting": len(self.scheduler.waiting),
-                "running": len(self.scheduler.running), "num_retractions": self.scheduler.num_retractions,
+                "running": len(self.scheduler.running), "reservations": len(self.reservations),
+                "num_retractions": self.scheduler.num_retractions,
                 "num_evicted_blocks": self.prefix_cache.num_evicted_blocks}
 
     def check_block_integrity(self) -> None:
         """Raise AssertionError unless every block's reference count is exactly explained: one
-        reference from the prefix cache if it stores the block, one per request block table."""
+        reference from the prefix cache if it stores the block, one per request block table, one
+        per reservation."""
         expected = [0] * self.num_blocks
         for b in self.prefix_cache.cached_blocks():
             expected[b] += 1
-        for r in self.requests.values():
-            for b in r.block_table:
+        for blocks in [r.block_table for r in self.requests.values()] + list(self.reservations.values()):
+            for b in blocks:
                 expected[b] += 1
         actual = [self.allocator.ref_count(b) for b in range(self.num_blocks)]
         wrong = [(b, e, a) for b, (e, a) in enumerate(zip(expected, actual)) if e != a]

@@ -11,26 +11,30 @@ from engine.sampling_params import SamplingParams
 Prompt = str | Sequence[int] | dict
 
 
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    """A string, a list of token ids, or {"prompt"|"prompt_token_ids"|"messages": ...}."""
+    if isinstance(prompt, dict):
+        if "messages" in prompt:
+            return tokenizer.apply_chat_template(prompt["messages"])
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return encode_prompt(tokenizer, prompt["prompt"])
+        raise InvalidRequestError("a prompt object needs 'prompt', 'prompt_token_ids' or 'messages'", "prompt")
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, (list, tuple)):
+        return list(prompt)
+    raise InvalidRequestError(f"unsupported prompt type {type(prompt).__name__}", "prompt")
+
+
 class LLM:
     def __init__(self, model: str | None = None, **engine_options):
         self.engine = LLMEngine(model, **engine_options)
         self.tokenizer = self.engine.tokenizer
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """A string, a list of token ids, or {"prompt"|"prompt_token_ids"|"messages": ...}."""
-        if isinstance(prompt, dict):
-            if "messages" in prompt:
-                return self.tokenizer.apply_chat_template(prompt["messages"])
-            if "prompt_token_ids" in prompt:
-                return list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                return self.encode(prompt["prompt"])
-            raise InvalidRequestError("a prompt object needs 'prompt', 'prompt_token_ids' or 'messages'", "prompt")
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)):
-            return list(prompt)
-        raise InvalidRequestError(f"unsupported prompt type {type(prompt).__name__}", "prompt")
+        return encode_prompt(self.tokenizer, prompt)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:

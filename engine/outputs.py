@@ -9,7 +9,7 @@ class StepOutput:
     request_id: str
     new_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "stop", "length" or "abort" once finished
+    finish_reason: str | None  # "stop", "length", "abort"; "prefilled" for a prefill-only request
     num_cached_tokens: int
 
 

@@ -5,6 +5,13 @@
        +----retract-------+
     any state --abort--> FINISHED_ABORTED
 
+A prefill-only request (a PD prefill node's) stops after its first sampled token:
+
+    RUNNING --first token--> PREFILLED --release--> (blocks into the prefix cache, request gone)
+
+PREFILLED keeps the block table and its prefix-cache lock so the KV can be copied to the decode
+node; the caller releases it once the copy is done (or failed).
+
 A retracted request drops its KV (full blocks stay in the prefix cache) and recomputes prompt plus
 the tokens it had produced, so its output continues exactly where it stopped.
 """
@@ -23,9 +30,10 @@ if TYPE_CHECKING:
 class RequestStatus(IntEnum):
     WAITING = 0
     RUNNING = 1
-    FINISHED_STOPPED = 2
-    FINISHED_LENGTH = 3
-    FINISHED_ABORTED = 4
+    PREFILLED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
 
     @property
     def is_finished(self) -> bool:
@@ -51,6 +59,8 @@ class Request:
     prefix_node: RadixNode | None = None  # the locked radix node covering the cached head of block_table
     num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
     num_retractions: int = 0
+    prefill_only: bool = False
+    first_scheduled_at: float | None = None  # time.time() of first admission (PD timing breakdown)  # stop after the first token and hold the KV (PD prefill node)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -16,6 +16,7 @@ mixes decode tokens with prefill chunks (continuous batching).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -86,16 +87,33 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
-        else:
+        elif req.status != RequestStatus.PREFILLED:
             self.waiting.remove(req)
         self._release(req, cache=self.config.enable_prefix_cache)
         req.status = RequestStatus.FINISHED_ABORTED
 
     def finish(self, req: Request, status: RequestStatus) -> None:
-        self.running.remove(req)
+        if req.status != RequestStatus.PREFILLED:
+            self.running.remove(req)
         self._release(req, cache=self.config.enable_prefix_cache)
         req.status = status
 
+    def hold(self, req: Request) -> None:
+        """A prefill-only request has its first token: it leaves the batch but keeps its blocks."""
+        self.running.remove(req)
+        req.status = RequestStatus.PREFILLED
+
+    def add_running(self, req: Request) -> None:
+        """Join a request whose prompt KV is already in its block table (a PD decode node's)."""
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+
+    def can_reserve(self, num_blocks: int) -> bool:
+        """Whether num_blocks more blocks can be taken now and still leave the running requests
+        their decode headroom (the same estimate admission uses)."""
+        headroom = self._reserved_blocks(self.running)
+        return self.allocator.num_free + self.cache.num_evictable_blocks - num_blocks >= headroom \
+            and self._make_room(num_blocks)
     # -- the step -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         cfg = self.config
@@ -161,6 +179,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = req.num_computed_tokens
+                req.first_scheduled_at = time.time()
             self.running.append(req)
             self._grow(req, n)
             scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)

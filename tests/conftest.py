@@ -69,4 +69,5 @@ def block_accounting_adds_up():
         eng.check_block_integrity()
         assert not eng.requests, f"requests left in the engine: {list(eng.requests)}"
         acc = eng.block_accounting()
+        assert not eng.reservations, f"reservations left: {list(eng.reservations)}"
         assert acc.held == 0 and acc.free + acc.cached == acc.total, acc

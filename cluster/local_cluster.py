@@ -1,0 +1,146 @@
+"""Start (or join) a Ray cluster and place raypd's node actors on it; stop them again.
+
+    with NodeCluster.start(ClusterSpec(prefill_nodes=1, decode_nodes=1)) as cluster:
+        driver = RequestDriver(cluster.nodes)
+
+Each actor gets the Ray resources it asks for (num_cpus here, num_gpus on GPU clusters) and pins
+torch to that many threads. Starting Ray locally reserves enough logical CPUs for the actors even
+on a 2-core machine: they then share cores, which the benchmark notes say.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from cluster.node_handles import NodeHandle
+
+log = logging.getLogger(__name__)
+
+NODE_CLASSES = {"prefill": ("prefill_node.prefill_node", "PrefillNode"),
+                "decode": ("decode_node.decode_node", "DecodeNode"),
+                "mixed": ("node.mixed_node", "MixedNode")}
+
+
+class ClusterStartError(RuntimeError):
+    """A node actor could not start (bad model path, out of memory, ...): the reason is in the message."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    prefill_nodes: int = 0
+    decode_nodes: int = 0
+    mixed_nodes: int = 0
+    model: str | None = None
+    engine_options: dict = field(default_factory=dict)
+    # Per-role overrides merged over engine_options, e.g. {"decode": {"num_blocks": 64}}.
+    role_engine_options: dict = field(default_factory=dict)
+    transfer_options: dict = field(default_factory=dict)
+    cpus_per_node: float = 1.0
+    gpus_per_node: float = 0.0
+    prealloc_timeout_s: float = 60.0
+    start_timeout_s: float = 300.0
+    name_prefix: str = "raypd"
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_nodes, self.decode_nodes, self.mixed_nodes) < 0:
+            raise ValueError("node counts must be >= 0")
+        if (self.prefill_nodes > 0) != (self.decode_nodes > 0):
+            raise ValueError("PD mode needs at least one prefill node and one decode node")
+        if not (self.prefill_nodes or self.mixed_nodes):
+            raise ValueError("no nodes: give --prefill-nodes/--decode-nodes or --mixed-nodes")
+        if self.cpus_per_node <= 0 or self.gpus_per_node < 0:
+            raise ValueError("cpus_per_node must be > 0 and gpus_per_node >= 0")
+
+    def roles(self) -> list[str]:
+        return ["prefill"] * self.prefill_nodes + ["decode"] * self.decode_nodes + ["mixed"] * self.mixed_nodes
+
+
+class NodeCluster:
+    def __init__(self, nodes: list[NodeHandle], started_ray: bool):
+        self.nodes = nodes
+        self._started_ray = started_ray
+
+    @classmethod
+    def start(cls, spec: ClusterSpec, address: str | None = None) -> NodeCluster:
+        started_ray = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                need = int(-(-spec.cpus_per_node * len(spec.roles()) // 1))
+                ray.init(num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+                started_ray = True
+        actors = []
+        try:
+            counters: dict[str, int] = {}
+            for role in spec.roles():
+                counters[role] = counters.get(role, 0) + 1
+                name = f"{spec.name_prefix}-{role}-{counters[role] - 1}"
+                actors.append((name, role, _create_actor(spec, role, name)))
+            infos = _wait_ready([a for _, _, a in actors], spec.start_timeout_s)
+        except BaseException:
+            for _, _, actor in actors:
+                ray.kill(actor)
+            if started_ray:
+                ray.shutdown()
+            raise
+        nodes = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""))
+                 for (name, role, actor), info in zip(actors, infos)]
+        return cls(nodes, started_ray)
+
+    def by_role(self, role: str) -> list[NodeHandle]:
+        return [n for n in self.nodes if n.role == role]
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Ask each node to close its transfer endpoint, then kill the actors (and Ray if we started it)."""
+        refs = [n.actor.shutdown.remote() for n in self.nodes]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        except ray.exceptions.RayError:
+            pass
+        for n in self.nodes:
+            ray.kill(n.actor)
+        self.nodes = []
+        if self._started_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> NodeCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _create_actor(spec: ClusterSpec, role: str, name: str):
+    module, cls_name = NODE_CLASSES[role]
+    cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+    options = {**spec.engine_options, **spec.role_engine_options.get(role, {})}
+    kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node}
+    if role in ("prefill", "decode"):
+        kwargs["transfer_options"] = spec.transfer_options
+    if role == "decode":
+        kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
+    remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
+                                     max_concurrency=1000, max_restarts=0)
+    return remote.remote(**kwargs)
+
+
+def _wait_ready(actors: list, timeout_s: float) -> list[dict]:
+    refs = [a.ready.remote() for a in actors]
+    deadline = time.monotonic() + timeout_s
+    try:
+        return ray.get(refs, timeout=max(1.0, deadline - time.monotonic()))
+    except ray.exceptions.GetTimeoutError as e:
+        raise ClusterStartError(f"node actors did not start within {timeout_s:.0f}s") from e
+    except ray.exceptions.RayActorError as e:
+        cause = getattr(e, "cause", None) or e
+        raise ClusterStartError(f"a node actor failed to start: {_first_line(cause)}") from e
+
+
+def _first_line(e: object) -> str:
+    text = str(e).strip().splitlines()
+    return text[-1] if text else repr(e)

@@ -1,0 +1,78 @@
+"""Frozen configuration of the Conductor. Derive a variant with dataclasses.replace, never mutate.
+
+Defaults describe the engine's default model on this project's CPU engine (SmolLM2-135M, float32,
+block_size 16); the simulator's GPU profile derives its own values (conductor/sim/profiles.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    """Inputs of the Mooncake-style TTFT estimate (policies/cost.py)."""
+    # 30 layers x 3 KV heads x 64 dims x (K, V) x 4 bytes: the engine's default model in float32.
+    kv_bytes_per_token: int = 46_080
+    # Used until a node reports its measured speed (LoadReport.prefill_tokens_per_s).
+    default_prefill_tokens_per_s: float = 2000.0
+    # Prefill cost grows with context (attention): time = n_new / speed * (1 + coeff * mean context).
+    # SmolLM2-135M: 4 * hidden * layers attention FLOPs per context token over 2 * 106M linear FLOPs
+    # per token ~ 3.3e-4. estimates.PrefillTimeModel refits it from observed prefill times.
+    attention_coeff: float = 3.3e-4
+    prefill_overhead_s: float = 0.005
+    # Branch B of Mooncake's Algorithm 1: pull a longer prefix from another node before prefill.
+    allow_fetch: bool = True
+    fetch_overhead_s: float = 0.002
+    # Only the k best prefill candidates are paired with a decode node (pairing costs a vector op).
+    top_k_prefill: int = 4
+    # Decode node score = KV send time + decode_weight * estimated time per output token: a TBT
+    # increase is paid on every token, the send only once.
+    decode_weight: float = 10.0
+    # Decode step time = a + b * batch, refitted from decode nodes' reports (estimates.DecodeStepModel).
+    # Calibrated on the CPU engine: ~40 ms at batch 8, ~110 ms at batch 32.
+    decode_step_base_s: float = 0.0167
+    decode_step_per_seq_s: float = 0.00292
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareConfig:
+    """The seed's threshold chain (policies/cache_aware.py)."""
+    min_hit_ratio: float = 0.3      # below this best-match ratio the cache is ignored
+    band: float = 0.9               # holders within this fraction of the best match count as holders
+    balance_abs_tokens: int = 8192  # a holder is overloaded when its queue exceeds the lightest
+    balance_rel: float = 1.5        # candidate's by both this many tokens and this factor (SGLang)
+    distance_weight: float = 0.7    # near-cache score: weights of normalized distance and load
+    load_weight: float = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationConfig:
+    """When a hot prefix is replicated to a lightly loaded prefill node (migration.py)."""
+    enabled: bool = False
+    half_life_s: float = 30.0       # decay of the hit-frequency score
+    hot_score: float = 4.0          # decayed hits before a prefix counts as hot
+    min_prefix_tokens: int = 256
+    overload_queue_s: float = 1.0   # every holder's estimated queue must exceed this
+    light_queue_s: float = 0.25     # the target's estimated queue must be below this
+    window_s: float = 30.0          # horizon over which the saving is counted
+    margin: float = 2.0             # saving must exceed margin x transfer cost
+    max_concurrent: int = 2
+    cooldown_s: float = 10.0        # per prefix, after a migration ends
+    timeout_s: float = 60.0
+    max_tracked: int = 4096         # prefixes whose scores are kept
+
+
+@dataclass(frozen=True, slots=True)
+class ConductorConfig:
+    policy: str = "cost"
+    block_size: int = 16            # until nodes' events say otherwise
+    heartbeat_timeout_s: float = 10.0
+    tick_interval_s: float = 0.5
+    decision_log_size: int = 1024
+    ttft_slo_s: float | None = None  # set to reject requests whose best TTFT estimate breaks it
+    tbt_slo_s: float | None = None
+    verify_hashes: bool = True      # recompute every BlockStored hash with engine.block_hash
+    resync_timeout_s: float = 30.0
+    cost: CostConfig = field(default_factory=CostConfig)
+    cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
+    migration: MigrationConfig = field(default_factory=MigrationConfig)

@@ -1,0 +1,295 @@
+"""ConductorCore: the Conductor without Ray. Composes the registry, the prefix index, the topology,
+the load table, the time models, the routing policy, the migration planner, the decision log and
+the metrics; the Ray actor (actor.py) and the simulator (sim/) both drive this class, so what the
+simulator measures is the code that serves.
+
+Node death (explicit, or a missed heartbeat found by check_heartbeats) drops the node from every
+part at once: registry slot, index entries, load arrays, running migrations.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from conductor.config import ConductorConfig
+from conductor.decision import DecisionLog, RouteDecision
+from conductor.errors import AdmissionRejected, UnknownNodeError
+from conductor.estimates import DecodeStepModel, PrefillTimeModel
+from conductor.load_table import LoadTable
+from conductor.metrics import ConductorMetrics
+from conductor.migration import MigrationPlan, MigrationPlanner
+from conductor.policies import RoutingPolicy, RoutingView, make_policy
+from conductor.prefix_index import ApplyResult, PrefixIndex, bits
+from conductor.registry import NodeInfo, NodeRegistry
+from conductor.topology import Topology
+from engine.kv_events import BlockStored
+from node.messages import HostInfo, KVEventBatch, LoadReport
+
+_PREDICTIONS_KEPT = 4096
+
+
+@dataclass(slots=True)
+class _NodeStats:
+    routed: int = 0
+    prompt_tokens: int = 0
+    predicted_cached: int = 0
+    delivered_reports: int = 0
+    delivered_prompt_tokens: int = 0
+    delivered_cached: int = 0
+    migrations_in: int = 0
+    migrations_out: int = 0
+
+
+@dataclass(slots=True)
+class TickResult:
+    dead: list[str] = field(default_factory=list)
+    expired_migrations: list[MigrationPlan] = field(default_factory=list)
+    landed_migrations: list[MigrationPlan] = field(default_factory=list)
+
+
+class ConductorCore:
+    def __init__(self, config: ConductorConfig = ConductorConfig(), topology: Topology | None = None,
+                 clock: Callable[[], float] = time.time, metrics: ConductorMetrics | None = None,
+                 policy: RoutingPolicy | None = None):
+        self.config = config
+        self.clock = clock
+        self.registry = NodeRegistry(config.heartbeat_timeout_s, clock)
+        self.index = PrefixIndex(verify_hashes=config.verify_hashes, default_block_size=config.block_size)
+        self.topology = topology if topology is not None else Topology()
+        self.table = LoadTable()
+        c = config.cost
+        self.prefill_model = PrefillTimeModel(c.default_prefill_tokens_per_s, c.attention_coeff, c.prefill_overhead_s)
+        self.decode_model = DecodeStepModel(c.decode_step_base_s, c.decode_step_per_seq_s)
+        self.policy = policy if policy is not None else make_policy(config.policy, config)
+        self.planner = MigrationPlanner(config.migration, c.kv_bytes_per_token)
+        self.log = DecisionLog(config.decision_log_size)
+        self.metrics = metrics if metrics is not None else ConductorMetrics()
+        self._names: list[str] = []
+        self._stats: dict[str, _NodeStats] = {}
+        self._predicted: OrderedDict[str, tuple[str, int, int]] = OrderedDict()
+        self.num_decisions = 0
+        self.num_rejected = 0
+
+    # -- membership ---------------------------------------------------------------------------
+    def register_node(self, name: str, role: str, host: HostInfo, handle: Any = None,
+                      bootstrap_address: str = "") -> NodeInfo:
+        if name in self.registry:
+            self.mark_dead(name, "re-registered (restart)")
+        info = self.registry.register(name, role, host, handle, bootstrap_address)
+        host_idx = self.topology.ensure_host(self.host_key(host))
+        self.table.add(info.slot, prefill=info.serves_prefill, decode=info.serves_decode, host=host_idx,
+                       block_size=self.config.block_size)
+        self.index.add_node(name, info.slot)
+        while len(self._names) <= info.slot:
+            self._names.append("")
+        self._names[info.slot] = name
+        self._stats.setdefault(name, _NodeStats())
+        return info
+
+    def host_key(self, host: HostInfo) -> str:
+        """The topology's name for a node's machine: its Ray node id, else hostname, else ip
+        (whichever the topology was built with); an unknown machine joins under its node id."""
+        for key in (host.node_id, host.hostname, host.ip):
+            if key and self.topology.has_host(key):
+                return key
+        return host.node_id or host.hostname or host.ip
+
+    def mark_dead(self, name: str, reason: str = "marked dead") -> bool:
+        info = self.registry.mark_dead(name, reason)
+        if info is None:
+            return False
+        self.index.remove_node(name)
+        self.table.remove(info.slot)
+        for plan in self.planner.drop_node(name, self.clock()):
+            self.metrics.migration("failed")
+        return True
+
+    def heartbeat(self, name: str) -> None:
+        self.registry.heartbeat(name)
+
+    def report_load(self, report: LoadReport) -> None:
+        info = self.registry.report_load(report)
+        self.table.update(info.slot, report)
+        if info.serves_decode and report.running > 0 and report.step_time_s > 0:
+            self.decode_model.observe(report.running, report.step_time_s)
+        if report.timestamp > 0:
+            self.metrics.report_lag(self.clock() - report.timestamp)
+        self.metrics.node_load(info.name, info.role, report.queued_prefill_tokens, report.running, report.free_blocks)
+
+    def report_kv_events(self, batch: KVEventBatch) -> ApplyResult:
+        info = self.registry.get_alive(batch.node_name)
+        result = self.index.apply(batch.node_name, batch.events)
+        self.table.block_size[info.slot] = self.index.node_block_size(batch.node_name)
+        self.metrics.events(result.applied)
+        if self.planner.active:
+            for plan in self.planner.landed(self._holds, self.clock()):
+                self._migration_ended(plan)
+        return result
+
+    def resync(self, name: str, last_seq: int, events: Sequence[BlockStored]) -> None:
+        self.registry.get_alive(name)
+        self.index.resync(name, last_seq, events)
+        self.metrics.resync(name)
+
+    def nodes_needing_resync(self) -> list[NodeInfo]:
+        return [self.registry.get(n) for n in self.index.nodes_needing_resync()]
+
+    # -- routing ------------------------------------------------------------------------------
+    def route(self, request_id: str, prompt_token_ids: Sequence[int], now: float | None = None) -> RouteDecision:
+        """Choose (prefill, decode) for one request. Raises AdmissionRejected when an SLO is set
+        and the best estimate breaks it, NoCandidateError when no node can serve."""
+        t0 = time.perf_counter()
+        now = self.clock() if now is None else now
+        match = self.index.match(prompt_token_ids, self.registry.num_slots)
+        view = RoutingView(request_id, len(prompt_token_ids), match, now, self.table, self.topology,
+                           self.prefill_model, self.decode_model, self.config, self._names)
+        d = self.policy.route(view)
+        d.decided_at = now
+        cfg = self.config
+        reason, est, slo = "", 0.0, 0.0
+        if cfg.ttft_slo_s is not None and d.est_ttft_s > cfg.ttft_slo_s:
+            reason, est, slo = "ttft", d.est_ttft_s, cfg.ttft_slo_s
+        elif cfg.tbt_slo_s is not None and d.est_tbt_s > cfg.tbt_slo_s:
+            reason, est, slo = "tbt", d.est_tbt_s, cfg.tbt_slo_s
+        if reason:
+            d.rejected = reason
+            d.latency_s = time.perf_counter() - t0
+            self.log.append(d)
+            self.num_rejected += 1
+            self.metrics.rejection(reason)
+            raise AdmissionRejected(request_id, reason, est, slo, d)
+
+        p = self.registry.get_alive(d.prefill_node)
+        dn = self.registry.get_alive(d.decode_node)
+        self.table.add_pending_prefill(p.slot, d.prompt_tokens - d.predicted_cached_tokens, now)
+        self.table.add_pending_decode(dn.slot, d.prompt_tokens, now)
+        if cfg.migration.enabled:
+            d.migration = self._consider_migration(view, prompt_token_ids, now)
+        d.latency_s = time.perf_counter() - t0
+        self._record(d)
+        return d
+
+    def _consider_migration(self, view: RoutingView, token_ids: Sequence[int], now: float) -> MigrationPlan | None:
+        deep = view.match.deepest_hash()
+        if deep is None:
+            return None
+        held = np.array(bits(self.index.holders_mask(deep[1])), dtype=np.int64)
+        holders = held[self.table.alive[held] & self.table.prefill_role[held]] if len(held) else held
+        return self.planner.observe(view, token_ids, holders, now)
+
+    def _record(self, d: RouteDecision) -> None:
+        self.num_decisions += 1
+        self.log.append(d)
+        st = self._stats[d.prefill_node]
+        st.routed += 1
+        st.prompt_tokens += d.prompt_tokens
+        st.predicted_cached += d.predicted_cached_tokens
+        self._predicted[d.request_id] = (d.prefill_node, d.predicted_cached_tokens, d.prompt_tokens)
+        if len(self._predicted) > _PREDICTIONS_KEPT:
+            self._predicted.popitem(last=False)
+        self.metrics.decision(d.policy, d.branch, d.latency_s, d.predicted_cached_tokens)
+
+    def report_delivered(self, request_id: str, cached_tokens: int) -> int | None:
+        """The cached tokens the prefill node actually used for a routed request (PrefillResult /
+        TokenChunk.num_cached_tokens). Returns delivered - predicted, or None if unknown."""
+        entry = self._predicted.pop(request_id, None)
+        if entry is None:
+            return None
+        node, predicted, prompt = entry
+        st = self._stats.get(node)
+        if st is not None:
+            st.delivered_reports += 1
+            st.delivered_prompt_tokens += prompt
+            st.delivered_cached += cached_tokens
+        self.metrics.delivered(predicted, cached_tokens)
+        return cached_tokens - predicted
+
+    def observe_prefill(self, n_new: int, n_cached: int, seconds: float, node: str) -> None:
+        """A measured prefill time, to refit the prefill model's attention term."""
+        info = self.registry.get_alive(node)
+        speed = float(self.prefill_model.speeds(self.table.speed[[info.slot]])[0])
+        self.prefill_model.observe(n_new, n_cached, seconds, speed)
+
+    # -- migrations ---------------------------------------------------------------------------
+    def take_migrations(self) -> list[MigrationPlan]:
+        plans = self.planner.take_planned()
+        for p in plans:
+            self.metrics.migration("started", p.nbytes)
+        return plans
+
+    def finish_migration(self, plan_id: int, ok: bool, error: str = "") -> MigrationPlan | None:
+        plan = self.planner.finish(plan_id, ok, self.clock(), error)
+        if plan is not None:
+            self._migration_ended(plan)
+        return plan
+
+    def _migration_ended(self, plan: MigrationPlan) -> None:
+        self.metrics.migration("finished" if not plan.error else "failed")
+        if not plan.error:
+            for name, attr in ((plan.source, "migrations_out"), (plan.target, "migrations_in")):
+                if name in self._stats:
+                    setattr(self._stats[name], attr, getattr(self._stats[name], attr) + 1)
+
+    def _holds(self, node: str, key: int) -> bool:
+        try:
+            slot = self.registry.get_alive(node).slot
+        except UnknownNodeError:
+            return False
+        return bool((self.index.holders_mask(key) >> slot) & 1)
+
+    # -- housekeeping -------------------------------------------------------------------------
+    def tick(self) -> TickResult:
+        """Periodic work: expire silent nodes, time out migrations, note landed copies."""
+        now = self.clock()
+        res = TickResult()
+        for info in self.registry.expire():
+            self.index.remove_node(info.name)
+            self.table.remove(info.slot)
+            self.planner.drop_node(info.name, now)
+            res.dead.append(info.name)
+        res.expired_migrations = self.planner.expire(now)
+        for plan in res.expired_migrations:
+            self.metrics.migration("failed")
+        res.landed_migrations = self.planner.landed(self._holds, now)
+        for plan in res.landed_migrations:
+            self._migration_ended(plan)
+        self.metrics.index(self.index.num_blocks, self.index.num_entries)
+        return res
+
+    def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
+        return self.log.recent(n)
+
+    def status(self) -> dict:
+        nodes = {}
+        for info in self.registry.all():
+            st = self._stats.get(info.name, _NodeStats())
+            r = info.load
+            nodes[info.name] = {
+                "role": info.role, "alive": info.alive, "death_reason": info.death_reason,
+                "host": info.host.hostname or info.host.node_id, "node_id": info.host.node_id,
+                "queued_prefill_tokens": r.queued_prefill_tokens if r else 0,
+                "waiting": r.waiting if r else 0, "running": r.running if r else 0,
+                "free_blocks": r.free_blocks if r else 0, "total_blocks": r.total_blocks if r else 0,
+                "cached_blocks": r.cached_blocks if r else 0,
+                "indexed_blocks": self.index.node_blocks(info.name) if info.name in self.index else 0,
+                "needs_resync": info.name in self.index and self.index.needs_resync(info.name),
+                "routed": st.routed,
+                "predicted_hit_rate": st.predicted_cached / st.prompt_tokens if st.prompt_tokens else 0.0,
+                "delivered_hit_rate": (st.delivered_cached / st.delivered_prompt_tokens
+                                       if st.delivered_prompt_tokens else None),
+                "migrations_in": st.migrations_in, "migrations_out": st.migrations_out,
+            }
+        pl = self.planner
+        return {
+            "policy": self.policy.name, "decisions": self.num_decisions, "rejected": self.num_rejected,
+            "index_blocks": self.index.num_blocks, "index_entries": self.index.num_entries,
+            "resyncs": self.index.num_resyncs, "dropped_events": self.index.num_dropped_events,
+            "migrations": {"started": pl.started, "finished": pl.finished, "failed": pl.failed,
+                           "active": len(pl.active), "bytes_started": pl.bytes_started},
+            "nodes": nodes,
+        }

@@ -1,0 +1,118 @@
+"""A routing decision and the inputs it was made from, so any choice can be explained afterwards;
+and the bounded log of recent decisions."""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class CandidateEstimate:
+    """One prefill candidate as the policy saw it."""
+    node: str
+    cached_tokens: int          # local match
+    queued_tokens: float        # reported + routed since the report
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    fetch_tokens: int = 0       # tokens pulled from `fetch_from` before prefill (Branch B)
+    fetch_from: str | None = None
+    fetch_s: float = 0.0
+    send_s: float = 0.0         # KV to the paired decode node
+    ttft_s: float = 0.0
+    decode_node: str | None = None
+
+
+@dataclass(slots=True)
+class DecodeEstimate:
+    node: str
+    load: float                 # sequences held or arriving
+    tbt_s: float                # estimated time per output token with this request added
+    send_s: float               # KV transfer time from the chosen prefill node
+    score: float
+
+
+@dataclass(slots=True)
+class PrefixFetch:
+    """Pull `num_tokens` of prefix from `source` into `target` before this request's prefill
+    (Mooncake's Branch B: the remote match is long enough to beat recomputing)."""
+    source: str
+    target: str
+    num_tokens: int             # prefix length the target holds after the fetch
+    from_tokens: int            # what the target already held
+    est_s: float
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    request_id: str
+    policy: str
+    branch: str                 # which arm of the policy decided (e.g. "local", "fetch", "cold")
+    prefill_node: str
+    decode_node: str
+    prompt_tokens: int
+    predicted_cached_tokens: int    # on the prefill node when it starts, fetch included
+    local_cached_tokens: int
+    est_ttft_s: float
+    est_tbt_s: float = 0.0
+    best_match_tokens: int = 0
+    best_match_nodes: list[str] = field(default_factory=list)
+    num_prefill_candidates: int = 0
+    num_decode_candidates: int = 0
+    candidates: list[CandidateEstimate] = field(default_factory=list)      # the best few
+    decode_candidates: list[DecodeEstimate] = field(default_factory=list)
+    fetch: PrefixFetch | None = None
+    migration: Any = None           # a MigrationPlan this request triggered, if any
+    rejected: str = ""              # "ttft" / "tbt" when admission refused it
+    decided_at: float = 0.0
+    latency_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.migration is not None:
+            d["migration"] = asdict(self.migration)
+        return d
+
+    def explain(self) -> str:
+        lines = [f"{self.request_id}: {self.policy}/{self.branch} -> prefill {self.prefill_node}, "
+                 f"decode {self.decode_node}; cached {self.predicted_cached_tokens}/{self.prompt_tokens} "
+                 f"(best {self.best_match_tokens} on {self.best_match_nodes[:4]}), "
+                 f"TTFT ~{self.est_ttft_s * 1e3:.1f} ms, TBT ~{self.est_tbt_s * 1e3:.1f} ms"]
+        for c in self.candidates:
+            lines.append(f"  P {c.node}: cached {c.cached_tokens} fetch {c.fetch_tokens} queue "
+                         f"{c.queue_s * 1e3:.1f} prefill {c.prefill_s * 1e3:.1f} send {c.send_s * 1e3:.1f}"
+                         f" -> {c.ttft_s * 1e3:.1f} ms")
+        for c in self.decode_candidates:
+            lines.append(f"  D {c.node}: load {c.load:g} tbt {c.tbt_s * 1e3:.1f} send {c.send_s * 1e3:.1f}")
+        if self.fetch:
+            lines.append(f"  fetch {self.fetch.num_tokens - self.fetch.from_tokens} tokens from {self.fetch.source}")
+        if self.migration is not None:
+            lines.append(f"  migration {self.migration.source} -> {self.migration.target}")
+        if self.rejected:
+            lines.append(f"  REJECTED ({self.rejected})")
+        return "\n".join(lines)
+
+
+class DecisionLog:
+    """The last `size` decisions, in order, and by request id."""
+
+    def __init__(self, size: int = 1024):
+        self._recent: deque[RouteDecision] = deque(maxlen=size)
+        self._by_id: OrderedDict[str, RouteDecision] = OrderedDict()
+        self.size = size
+
+    def append(self, d: RouteDecision) -> None:
+        self._recent.append(d)
+        self._by_id[d.request_id] = d
+        self._by_id.move_to_end(d.request_id)
+        while len(self._by_id) > self.size:
+            self._by_id.popitem(last=False)
+
+    def recent(self, n: int = 20) -> list[RouteDecision]:
+        return list(self._recent)[-n:] if n > 0 else []
+
+    def get(self, request_id: str) -> RouteDecision | None:
+        return self._by_id.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._recent)

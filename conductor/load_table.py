@@ -1,0 +1,125 @@
+"""Per-slot load arrays: what each node last reported plus what the Conductor routed to it since.
+
+Policies read these as numpy arrays indexed by slot, so scoring a thousand candidates is a handful
+of vector operations instead of a Python loop. Reports are periodic and lag behind routing; without
+the routed-since-report term every request between two reports would pile onto the same "lightest"
+node (herding), so each routed request is remembered until a report stamped after it arrives.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from node.messages import LoadReport
+
+_FIELDS = ("queued", "speed", "waiting", "running", "inflight", "free_blocks", "total_blocks",
+           "cached_blocks", "step_time", "pending_tokens", "pending_decode", "pending_decode_tokens")
+
+
+class LoadTable:
+    def __init__(self, capacity: int = 16):
+        self.capacity = 0
+        self.prefill_role = np.zeros(0, dtype=bool)
+        self.decode_role = np.zeros(0, dtype=bool)
+        self.alive = np.zeros(0, dtype=bool)
+        self.host = np.zeros(0, dtype=np.int64)
+        self.block_size = np.zeros(0, dtype=np.int64)
+        for f in _FIELDS:
+            setattr(self, f, np.zeros(0))
+        self._pending: dict[int, deque] = {}         # slot -> (time, prefill tokens)
+        self._pending_dec: dict[int, deque] = {}     # slot -> (time, prompt tokens)
+        self._prefill_slots = np.zeros(0, dtype=np.int64)
+        self._decode_slots = np.zeros(0, dtype=np.int64)
+        self._grow(capacity)
+
+    # -- membership ---------------------------------------------------------------------------
+    def add(self, slot: int, *, prefill: bool, decode: bool, host: int, block_size: int = 16) -> None:
+        if slot >= self.capacity:
+            self._grow(max(slot + 1, 2 * self.capacity))
+        for f in _FIELDS:
+            getattr(self, f)[slot] = 0.0
+        self.prefill_role[slot], self.decode_role[slot] = prefill, decode
+        self.host[slot], self.block_size[slot] = host, block_size
+        self.alive[slot] = True
+        self._pending[slot] = deque()
+        self._pending_dec[slot] = deque()
+        self._refresh()
+
+    def remove(self, slot: int) -> None:
+        self.alive[slot] = False
+        self._pending.pop(slot, None)
+        self._pending_dec.pop(slot, None)
+        self._refresh()
+
+    def prefill_slots(self) -> np.ndarray:
+        return self._prefill_slots
+
+    def decode_slots(self) -> np.ndarray:
+        return self._decode_slots
+
+    # -- updates ------------------------------------------------------------------------------
+    def update(self, slot: int, r: LoadReport) -> None:
+        self.queued[slot] = r.queued_prefill_tokens
+        self.waiting[slot] = r.waiting
+        self.running[slot] = r.running
+        self.inflight[slot] = r.inflight
+        self.free_blocks[slot] = r.free_blocks
+        self.total_blocks[slot] = r.total_blocks
+        self.cached_blocks[slot] = r.cached_blocks
+        if r.step_time_s > 0:
+            self.step_time[slot] = r.step_time_s
+        if r.prefill_tokens_per_s > 0:
+            self.speed[slot] = r.prefill_tokens_per_s
+        # A report stamped t covers every request routed before t; timestamp 0 means "now".
+        self.pending_tokens[slot] = _expire(self._pending[slot], r.timestamp)
+        dec = self._pending_dec[slot]
+        tokens = _expire(dec, r.timestamp)
+        self.pending_decode[slot] = len(dec)
+        self.pending_decode_tokens[slot] = tokens
+
+    def add_pending_prefill(self, slot: int, tokens: float, now: float) -> None:
+        self._pending[slot].append((now, tokens))
+        self.pending_tokens[slot] += tokens
+
+    def add_pending_decode(self, slot: int, prompt_tokens: float, now: float) -> None:
+        self._pending_dec[slot].append((now, prompt_tokens))
+        self.pending_decode[slot] += 1
+        self.pending_decode_tokens[slot] += prompt_tokens
+
+    # -- derived views ------------------------------------------------------------------------
+    def prefill_queue_tokens(self, slots: np.ndarray) -> np.ndarray:
+        return self.queued[slots] + self.pending_tokens[slots]
+
+    def decode_load(self, slots: np.ndarray) -> np.ndarray:
+        """Sequences a decode node holds or is about to hold."""
+        return self.running[slots] + self.waiting[slots] + self.inflight[slots] + self.pending_decode[slots]
+
+    def decode_room_tokens(self, slots: np.ndarray) -> np.ndarray:
+        """Tokens of KV a decode node can still take; +inf before its first report."""
+        known = self.total_blocks[slots] > 0
+        room = self.free_blocks[slots] * self.block_size[slots] - self.pending_decode_tokens[slots]
+        return np.where(known, room, np.inf)
+
+    # -- internals ----------------------------------------------------------------------------
+    def _grow(self, n: int) -> None:
+        old = self.capacity
+        for name in ("prefill_role", "decode_role", "alive", "host", "block_size", *_FIELDS):
+            a = getattr(self, name)
+            b = np.zeros(n, dtype=a.dtype)
+            b[:old] = a[:old]
+            setattr(self, name, b)
+        self.capacity = n
+
+    def _refresh(self) -> None:
+        self._prefill_slots = np.flatnonzero(self.alive & self.prefill_role)
+        self._decode_slots = np.flatnonzero(self.alive & self.decode_role)
+
+
+def _expire(log: deque, stamp: float) -> float:
+    if stamp <= 0:
+        log.clear()
+    else:
+        while log and log[0][0] <= stamp:
+            log.popleft()
+    return float(sum(t for _, t in log))

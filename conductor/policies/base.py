@@ -1,0 +1,156 @@
+"""The routing policy contract, the registry by name, and the pieces every policy shares.
+
+A policy sees a RoutingView (the request's prefix match and the per-slot load arrays, topology
+matrices and time models) and returns a RouteDecision naming one prefill and one decode node. It
+must not mutate the view; the core records the decision, the routed-since-report load and the
+metrics. A policy may keep its own state (round robin's cursor) but nothing per request.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from conductor.config import ConductorConfig
+from conductor.decision import CandidateEstimate, DecodeEstimate, RouteDecision
+from conductor.errors import NoCandidateError, UnknownPolicyError
+from conductor.estimates import DecodeStepModel, PrefillTimeModel
+from conductor.load_table import LoadTable
+from conductor.prefix_index import PrefixMatch
+from conductor.topology import Topology
+
+DECODE_SHOWN = 4   # decode candidates recorded in a decision
+
+
+@dataclass(slots=True)
+class RoutingView:
+    request_id: str
+    num_tokens: int
+    match: PrefixMatch
+    now: float
+    table: LoadTable
+    topology: Topology
+    prefill_model: PrefillTimeModel
+    decode_model: DecodeStepModel
+    config: ConductorConfig
+    names: list[str]            # node name by slot
+
+    @property
+    def prefill_slots(self) -> np.ndarray:
+        return self.table.prefill_slots()
+
+    @property
+    def decode_slots(self) -> np.ndarray:
+        return self.table.decode_slots()
+
+    def cached(self, slots: np.ndarray) -> np.ndarray:
+        return self.match.tokens_by_slot[slots] if len(self.match.tokens_by_slot) > slots.max(initial=0) \
+            else np.zeros(len(slots), dtype=np.int64)
+
+    def queue_s(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(queued tokens, speed, seconds of queue) per prefill slot."""
+        t = self.table
+        speed = self.prefill_model.speeds(t.speed[slots])
+        queued = t.prefill_queue_tokens(slots)
+        return queued, speed, queued / speed
+
+    def send_s(self, src_slot: int, dst_slots: np.ndarray, num_tokens) -> np.ndarray:
+        """KV transfer seconds of `num_tokens` (scalar or per destination) from one node to each of
+        `dst_slots`; 0 to itself."""
+        h = self.table.host
+        bw = self.topology.bandwidth[h[src_slot], h[dst_slots]]
+        lat = self.topology.latency[h[src_slot], h[dst_slots]]
+        nbytes = num_tokens * self.config.cost.kv_bytes_per_token
+        with np.errstate(divide="ignore"):
+            s = nbytes / (bw * 1e9) + lat * 1e-6
+        return np.where(dst_slots == src_slot, 0.0, s)
+
+
+class RoutingPolicy(ABC):
+    """Choose a (prefill, decode) pair for one request. Subclasses set `name` and implement route."""
+    name: ClassVar[str]
+
+    def __init__(self, config: ConductorConfig):
+        self.config = config
+
+    @abstractmethod
+    def route(self, view: RoutingView) -> RouteDecision:
+        ...
+
+
+POLICIES: dict[str, type[RoutingPolicy]] = {}
+
+
+def register_policy(cls: type[RoutingPolicy]) -> type[RoutingPolicy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, config: ConductorConfig) -> RoutingPolicy:
+    try:
+        return POLICIES[name](config)
+    except KeyError:
+        raise UnknownPolicyError(f"unknown routing policy {name!r}; known: {sorted(POLICIES)}") from None
+
+
+# -- shared pieces ---------------------------------------------------------------------------
+def require(slots: np.ndarray, what: str) -> np.ndarray:
+    if len(slots) == 0:
+        raise NoCandidateError(f"no live {what} node")
+    return slots
+
+
+def decode_with_room(view: RoutingView) -> np.ndarray:
+    """Decode candidates with KV room for the prompt; all of them if none has room (the decode
+    node's prealloc queue then holds the request until blocks free up)."""
+    d = require(view.decode_slots, "decode")
+    ok = d[view.table.decode_room_tokens(d) >= view.num_tokens]
+    return ok if len(ok) else d
+
+
+def pick_decode(view: RoutingView, prefill_slot: int, by_distance: bool = True
+                ) -> tuple[int, float, list[DecodeEstimate]]:
+    """Decode node by load and distance from the prefill node: minimise KV send time plus
+    decode_weight x estimated time per token with this request added. Returns (slot, TBT, shown)."""
+    d = decode_with_room(view)
+    load = view.table.decode_load(d)
+    tbt = view.decode_model.step_time(load + 1)
+    send = view.send_s(prefill_slot, d, view.num_tokens) if by_distance else np.zeros(len(d))
+    score = send + view.config.cost.decode_weight * tbt
+    order = np.argsort(score, kind="stable")[:DECODE_SHOWN]
+    shown = [DecodeEstimate(view.names[d[i]], float(load[i]), float(tbt[i]), float(send[i]), float(score[i]))
+             for i in order]
+    i = int(order[0])
+    return int(d[i]), float(tbt[i]), shown
+
+
+def least_loaded_decode(view: RoutingView) -> tuple[int, float, list[DecodeEstimate]]:
+    d = decode_with_room(view)
+    load = view.table.decode_load(d)
+    i = int(np.argmin(load))
+    tbt = float(view.decode_model.step_time(load[i] + 1))
+    return int(d[i]), tbt, [DecodeEstimate(view.names[d[i]], float(load[i]), tbt, 0.0, float(load[i]))]
+
+
+def simple_decision(view: RoutingView, policy: str, branch: str, p: int, d: int, tbt: float,
+                    decode_shown: list[DecodeEstimate]) -> RouteDecision:
+    """A decision for policies that do not estimate TTFT themselves: fill in the estimate anyway,
+    so every policy's decisions are comparable (and SLO admission applies to all)."""
+    slots = np.array([p])
+    queued, speed, queue_s = view.queue_s(slots)
+    cached = int(view.cached(slots)[0])
+    prefill_s = float(view.prefill_model.estimate(view.num_tokens - cached, cached, speed[0]))
+    send = float(view.send_s(p, np.array([d]), view.num_tokens)[0])
+    cand = CandidateEstimate(view.names[p], cached, float(queued[0]), float(queue_s[0]), prefill_s,
+                             send_s=send, ttft_s=float(queue_s[0]) + prefill_s + send,
+                             decode_node=view.names[d])
+    return RouteDecision(
+        request_id=view.request_id, policy=policy, branch=branch, prefill_node=view.names[p],
+        decode_node=view.names[d], prompt_tokens=view.num_tokens, predicted_cached_tokens=cached,
+        local_cached_tokens=cached, est_ttft_s=cand.ttft_s, est_tbt_s=tbt,
+        best_match_tokens=view.match.best_tokens,
+        best_match_nodes=[view.names[s] for s in view.match.best_slots[:8]],
+        num_prefill_candidates=len(view.prefill_slots), num_decode_candidates=len(view.decode_slots),
+        candidates=[cand], decode_candidates=decode_shown)

@@ -1,0 +1,100 @@
+"""cost (the default): Mooncake's KVCache-centric choice (arXiv 2407.00079, Algorithm 1).
+
+For every prefill candidate i, with prompt length n, local match c_i and the global best match B
+held by node h:
+
+    local (Branch A):  TTFT_i = queue_i + prefill_i(n - c_i | c_i)
+    fetch (Branch B):  TTFT_i = fetch(B - c_i tokens, h -> i) + queue_i + prefill_i(n - B | B)
+
+queue_i is the node's queued prefill tokens (reported + routed since) over its measured speed;
+prefill_i is estimates.PrefillTimeModel with the node's measured speed; fetch is the topology's
+transfer time. Each candidate takes the cheaper branch (Mooncake gates Branch B with a hand-tuned
+ratio; comparing the two estimates needs no tuning). The k best candidates are then paired with a
+decode node - by load and distance from that prefill node - and the KV send time joins the
+estimate; the pair with the smallest TTFT wins. Imbalance is judged per request: a loaded holder
+loses to an idle node exactly when its queue costs more than recomputing (or fetching) elsewhere.
+
+Branches recorded: "cold" (no node holds any of the prompt), "local" (served from the chosen
+node's own cache), "fetch" (Branch B), "recompute" (a holder exists but is too busy; the chosen
+node computes the prefix again).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from conductor.decision import CandidateEstimate, PrefixFetch, RouteDecision
+from conductor.policies.base import RoutingPolicy, RoutingView, pick_decode, register_policy, require
+
+
+@register_policy
+class CostPolicy(RoutingPolicy):
+    name = "cost"
+
+    def route(self, view: RoutingView) -> RouteDecision:
+        cfg = self.config.cost
+        ps = require(view.prefill_slots, "prefill")
+        n = view.num_tokens
+        model = view.prefill_model
+        cached = view.cached(ps)
+        queued, speed, queue_s = view.queue_s(ps)
+        ttft = queue_s + model.estimate(n - cached, cached, speed)
+
+        best = view.match.best_tokens
+        fetch_s = np.zeros(len(ps))
+        use_fetch = np.zeros(len(ps), dtype=bool)
+        holder = -1
+        if cfg.allow_fetch and best > 0:
+            holder = self._holder(view)
+            gain = best - cached
+            fetch_s = view.send_s(holder, ps, np.maximum(gain, 0)) + cfg.fetch_overhead_s
+            ttft_b = fetch_s + queue_s + model.estimate(n - best, best, speed)
+            use_fetch = (gain > 0) & (ttft_b < ttft)
+            ttft = np.where(use_fetch, ttft_b, ttft)
+
+        k = min(cfg.top_k_prefill, len(ps))
+        top = np.argpartition(ttft, k - 1)[:k] if k < len(ps) else np.arange(len(ps))
+        top = top[np.argsort(ttft[top], kind="stable")]
+        shown: list[CandidateEstimate] = []
+        chosen = None
+        for i in top:
+            p = int(ps[i])
+            d, tbt, dshown = pick_decode(view, p)
+            send = dshown[0].send_s
+            total = float(ttft[i]) + send
+            hit = best if use_fetch[i] else int(cached[i])
+            c = CandidateEstimate(
+                node=view.names[p], cached_tokens=int(cached[i]), queued_tokens=float(queued[i]),
+                queue_s=float(queue_s[i]), prefill_s=float(model.estimate(n - hit, hit, speed[i])),
+                fetch_tokens=int(best - cached[i]) if use_fetch[i] else 0,
+                fetch_from=view.names[holder] if use_fetch[i] else None,
+                fetch_s=float(fetch_s[i]) if use_fetch[i] else 0.0, send_s=send, ttft_s=total,
+                decode_node=view.names[d])
+            shown.append(c)
+            if chosen is None or total < chosen[0].ttft_s:
+                chosen = (c, i, p, d, tbt, dshown)
+        c, i, p, d, tbt, dshown = chosen
+        fetch = None
+        if use_fetch[i]:
+            branch = "fetch"
+            fetch = PrefixFetch(source=view.names[holder], target=view.names[p], num_tokens=best,
+                                from_tokens=int(cached[i]), est_s=c.fetch_s)
+        elif cached[i] > 0:
+            branch = "local"
+        else:
+            branch = "recompute" if best > 0 else "cold"
+        return RouteDecision(
+            request_id=view.request_id, policy=self.name, branch=branch, prefill_node=view.names[p],
+            decode_node=view.names[d], prompt_tokens=n,
+            predicted_cached_tokens=best if fetch else int(cached[i]), local_cached_tokens=int(cached[i]),
+            est_ttft_s=c.ttft_s, est_tbt_s=tbt, best_match_tokens=best,
+            best_match_nodes=[view.names[s] for s in view.match.best_slots[:8]],
+            num_prefill_candidates=len(ps), num_decode_candidates=len(view.decode_slots),
+            candidates=shown, decode_candidates=dshown, fetch=fetch)
+
+    @staticmethod
+    def _holder(view: RoutingView) -> int:
+        """Among the nodes holding the best match, the one with the shortest queue serves fetches
+        (its egress competes with its own work least)."""
+        holders = np.array(view.match.best_slots)
+        q = view.table.prefill_queue_tokens(holders)
+        return int(holders[int(np.argmin(q))])

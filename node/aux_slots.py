@@ -1,0 +1,47 @@
+"""The aux record a prefill node writes beside a request's KV, and the pool of slots holding them.
+
+One slot per room in flight: int64[AUX_WIDTH] = (first sampled token, prompt tokens the prefill node
+served from its cache, prompt length, a magic number). The magic and the length let the decode side
+tell a landed record from a stale slot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+AUX_WIDTH = 4
+AUX_MAGIC = 0x7261797064  # "raypd"
+
+
+@dataclass(frozen=True, slots=True)
+class AuxRecord:
+    first_token: int
+    num_cached_tokens: int
+    num_prompt_tokens: int
+
+
+class AuxSlots:
+    def __init__(self, num_slots: int, device: str | torch.device = "cpu"):
+        self.buffer = torch.zeros(num_slots, AUX_WIDTH, dtype=torch.int64, device=device)
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    def take(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def give_back(self, slot: int) -> None:
+        self.buffer[slot].zero_()
+        self._free.append(slot)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def write(self, slot: int, rec: AuxRecord) -> None:
+        self.buffer[slot] = torch.tensor([rec.first_token, rec.num_cached_tokens, rec.num_prompt_tokens, AUX_MAGIC])
+
+    def read(self, slot: int) -> AuxRecord | None:
+        first, cached, n, magic = self.buffer[slot].tolist()
+        if magic != AUX_MAGIC:
+            return None
+        return AuxRecord(first, cached, n)

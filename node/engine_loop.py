@@ -1,0 +1,119 @@
+"""EngineLoop: the one thread that owns a node's LLMEngine.
+
+Everything that touches the engine - adding, aborting, stepping, reserving blocks, reading stats -
+runs on this thread, so the engine needs no locks. Ray's asyncio thread hands work over with
+`call()` (a concurrent Future) or `acall()` (awaitable). Each turn: run queued calls, let the node
+advance its own queues (`tick`, which also says whether transfers are in flight and need polling),
+then run one engine step if anything is scheduled.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from engine.engine import LLMEngine
+from engine.outputs import StepOutput
+
+log = logging.getLogger(__name__)
+
+
+class NodeCrashedError(RuntimeError):
+    """The engine thread died; the node serves no more requests."""
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, tick: Callable[[], bool], on_outputs: Callable[[list[StepOutput]], None],
+                 on_crash: Callable[[BaseException], None], name: str,
+                 busy_poll_s: float = 0.0005, idle_poll_s: float = 0.05):
+        self.engine = engine
+        self._tick = tick
+        self._on_outputs = on_outputs
+        self._on_crash = on_crash
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._busy_poll_s, self._idle_poll_s = busy_poll_s, idle_poll_s
+        self.crashed: BaseException | None = None
+        # Moving averages the load report and the Conductor's prefill-time model use.
+        self.step_time_s = 0.0
+        self.tokens_per_s = 0.0
+        self.num_steps = 0
+        self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, fn: Callable, *args) -> Future:
+        """Run fn(*args) on the engine thread between steps."""
+        fut: Future = Future()
+        if self.crashed is not None:
+            fut.set_exception(NodeCrashedError(f"engine thread crashed: {self.crashed!r}"))
+            return fut
+        self._calls.put((fn, args, fut))
+        self._wake.set()
+        return fut
+
+    async def acall(self, fn: Callable, *args, timeout: float = 60.0):
+        return await asyncio.wait_for(asyncio.wrap_future(self.call(fn, *args)), timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # -- the thread -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._run_calls()
+                busy = self._tick()
+                if self.engine.has_unfinished():
+                    self._step()
+                else:
+                    self._wake.wait(self._busy_poll_s if busy else self._idle_poll_s)
+                    self._wake.clear()
+        except BaseException as e:  # noqa: BLE001 - the node must tell every caller, not die silently
+            log.exception("engine thread crashed")
+            self.crashed = e
+            self._fail_pending_calls(e)
+            self._on_crash(e)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, args, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except Exception as e:  # the caller gets it; the loop goes on
+                fut.set_exception(e)
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        dt = time.perf_counter() - t0
+        tokens = self.engine.last_step_tokens
+        self.num_steps += 1
+        a = 0.2
+        self.step_time_s = dt if self.num_steps == 1 else (1 - a) * self.step_time_s + a * dt
+        if tokens and dt > 0:
+            self.tokens_per_s = tokens / dt if not self.tokens_per_s else (1 - a) * self.tokens_per_s + a * tokens / dt
+        self._on_outputs(outputs)
+
+    def _fail_pending_calls(self, e: BaseException) -> None:
+        while True:
+            try:
+                _, _, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(NodeCrashedError(f"engine thread crashed: {e!r}"))
