@@ -22,6 +22,8 @@ def spec_from_args(args) -> ClusterSpec:
 
     options = {k: v for k, v in engine_options(args).items() if k != "num_threads"}
     role_options = {"decode": {"num_blocks": args.decode_num_blocks}} if args.decode_num_blocks else {}
+    if min(args.prefill_nodes, args.decode_nodes) < 1 if args.mode == "pd" else args.mixed_nodes < 1:
+        raise ValueError("--mode pd needs >= 1 prefill and decode node; --mode mixed needs >= 1 mixed node")
     if args.mode == "pd":
         counts = dict(prefill_nodes=args.prefill_nodes, decode_nodes=args.decode_nodes)
     else:

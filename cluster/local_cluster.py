@@ -41,7 +41,7 @@ class ClusterSpec:
     transfer_options: dict = field(default_factory=dict)
     cpus_per_node: float = 1.0
     gpus_per_node: float = 0.0
-    prealloc_timeout_s: float = 60.0
+    prealloc_timeout_s: float | None = None  # decode: wait for KV memory; None = the bootstrap timeout
     start_timeout_s: float = 300.0
     name_prefix: str = "raypd"
 
@@ -50,8 +50,6 @@ class ClusterSpec:
             raise ValueError("node counts must be >= 0")
         if (self.prefill_nodes > 0) != (self.decode_nodes > 0):
             raise ValueError("PD mode needs at least one prefill node and one decode node")
-        if not (self.prefill_nodes or self.mixed_nodes):
-            raise ValueError("no nodes: give --prefill-nodes/--decode-nodes or --mixed-nodes")
         if self.cpus_per_node <= 0 or self.gpus_per_node < 0:
             raise ValueError("cpus_per_node must be > 0 and gpus_per_node >= 0")
 
@@ -60,12 +58,15 @@ class ClusterSpec:
 
 
 class NodeCluster:
-    def __init__(self, nodes: list[NodeHandle], started_ray: bool):
-        self.nodes = nodes
+    def __init__(self, spec: ClusterSpec, started_ray: bool):
+        self.spec = spec
+        self.nodes: list[NodeHandle] = []
         self._started_ray = started_ray
+        self._counters: dict[str, int] = {}
 
     @classmethod
     def start(cls, spec: ClusterSpec, address: str | None = None) -> NodeCluster:
+        """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel."""
         started_ray = False
         if not ray.is_initialized():
             if address:
@@ -74,39 +75,56 @@ class NodeCluster:
                 need = int(-(-spec.cpus_per_node * len(spec.roles()) // 1))
                 ray.init(num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
                 started_ray = True
-        actors = []
+        cluster = cls(spec, started_ray)
         try:
-            counters: dict[str, int] = {}
-            for role in spec.roles():
-                counters[role] = counters.get(role, 0) + 1
-                name = f"{spec.name_prefix}-{role}-{counters[role] - 1}"
-                actors.append((name, role, _create_actor(spec, role, name)))
-            infos = _wait_ready([a for _, _, a in actors], spec.start_timeout_s)
+            cluster.add_nodes(spec.roles())
         except BaseException:
-            for _, _, actor in actors:
-                ray.kill(actor)
-            if started_ray:
-                ray.shutdown()
+            cluster.stop()
             raise
-        nodes = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""))
-                 for (name, role, actor), info in zip(actors, infos)]
-        return cls(nodes, started_ray)
+        return cluster
+
+    def add_nodes(self, roles: list[str], engine_options: dict | None = None,
+                  transfer_options: dict | None = None) -> list[NodeHandle]:
+        """Start nodes of the given roles (options merged over the spec's) and wait until they are ready."""
+        created = []
+        for role in roles:
+            n = self._counters.get(role, 0)
+            self._counters[role] = n + 1
+            name = f"{self.spec.name_prefix}-{role}-{n}"
+            created.append((name, role, _create_actor(self.spec, role, name, engine_options or {},
+                                                      transfer_options or {})))
+        try:
+            infos = _wait_ready([a for _, _, a in created], self.spec.start_timeout_s)
+        except BaseException:
+            for _, _, actor in created:
+                ray.kill(actor)
+            raise
+        handles = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""))
+                   for (name, role, actor), info in zip(created, infos)]
+        self.nodes.extend(handles)
+        return handles
 
     def by_role(self, role: str) -> list[NodeHandle]:
         return [n for n in self.nodes if n.role == role]
 
+    def remove(self, node: NodeHandle) -> None:
+        """Forget a node (after it died or was killed); stop() will not touch it."""
+        self.nodes = [n for n in self.nodes if n.name != node.name]
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """Ask each node to close its transfer endpoint, then kill the actors (and Ray if we started it)."""
         refs = [n.actor.shutdown.remote() for n in self.nodes]
-        try:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        except ray.exceptions.RayError:
-            pass
+        if refs:
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            except ray.exceptions.RayError:
+                pass
         for n in self.nodes:
             ray.kill(n.actor)
         self.nodes = []
         if self._started_ray:
             ray.shutdown()
+            self._started_ray = False
 
     def __enter__(self) -> NodeCluster:
         return self
@@ -115,13 +133,13 @@ class NodeCluster:
         self.stop()
 
 
-def _create_actor(spec: ClusterSpec, role: str, name: str):
+def _create_actor(spec: ClusterSpec, role: str, name: str, engine_options: dict, transfer_options: dict):
     module, cls_name = NODE_CLASSES[role]
     cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
-    options = {**spec.engine_options, **spec.role_engine_options.get(role, {})}
+    options = {**spec.engine_options, **spec.role_engine_options.get(role, {}), **engine_options}
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node}
     if role in ("prefill", "decode"):
-        kwargs["transfer_options"] = spec.transfer_options
+        kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
     if role == "decode":
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,

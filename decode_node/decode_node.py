@@ -58,10 +58,13 @@ class DecodeNode(NodeBase):
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 prealloc_timeout_s: float = 60.0):
+                 prealloc_timeout_s: float | None = None):
         super().__init__(name, model, engine_options, num_cpus)
         self.transfer_config = TransferConfig(**(transfer_options or {}))
-        self.prealloc_timeout_s = prealloc_timeout_s
+        # The prefill side waits bootstrap_timeout_s for our destination, so waiting longer for
+        # memory here would only reserve blocks for a room the prefill node has already dropped.
+        self.prealloc_timeout_s = min(prealloc_timeout_s or self.transfer_config.bootstrap_timeout_s,
+                                      self.transfer_config.bootstrap_timeout_s)
         self.aux = AuxSlots(aux_slots, self.engine.device)
         self.receiver = KVReceiver(self.engine.kv_cache.pool, self.aux.buffer, self.transfer_config, name=name)
         self.rooms: dict[str, DecodeRoom] = {}

@@ -1,0 +1,78 @@
+"""PD generation on a local Ray cluster with the real NIXL transport equals the Hugging Face reference,
+through prefill and decode nodes configured for chunked prefill, a warm prefix cache and retraction;
+and afterwards every node's block accounting adds up with nothing left behind."""
+from __future__ import annotations
+
+import pytest
+import ray
+
+from cluster.local_cluster import ClusterSpec, NodeCluster
+from cluster.request_driver import RequestDriver
+from engine.sampling_params import SamplingParams
+from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
+from tests.conftest import NEW_TOKENS
+
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def cluster(prompt_ids):
+    longest = max(len(ids) for ids in prompt_ids) + NEW_TOKENS
+    c = NodeCluster.start(ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 512},
+                                      transfer_options=FAST_TRANSFER))
+    try:
+        c.add_nodes(["prefill"])                                                        # prefill-0: defaults
+        c.add_nodes(["prefill"], {"chunked_prefill_size": 32, "max_num_batched_tokens": 64})  # prefill-1
+        c.add_nodes(["decode"])                                                         # decode-0: defaults
+        # decode-1: room for the longest request alone, far too little for all: it must retract.
+        c.add_nodes(["decode"], {"num_blocks": -(-longest // 16) + 6, "init_new_token_ratio": 0.05,
+                                 "min_new_token_ratio": 0.05})
+        yield c
+    finally:
+        c.stop()
+
+
+def node(cluster, name):
+    return next(n for n in cluster.nodes if n.name == f"raypd-{name}")
+
+
+def check(results, reference):
+    for i, ((tokens, final), ref) in enumerate(zip(results, reference, strict=True)):
+        assert final.error is None, f"prompt {i}: {final.error}"
+        assert tokens == ref, f"prompt {i}: PD {tokens} != transformers {ref}"
+        assert final.finish_reason == ("stop" if len(ref) < NEW_TOKENS else "length")
+
+
+def test_pd_matches_reference_then_warm_cache(cluster, prompt_ids, hf_reference):
+    driver = RequestDriver(cluster.nodes)
+    route = {"prefill": node(cluster, "prefill-0"), "decode": node(cluster, "decode-0")}
+    check(run_all(driver, prompt_ids, GREEDY, **route), hf_reference)
+    warm = run_all(driver, prompt_ids, GREEDY, **route)
+    check(warm, hf_reference)
+    for ids, (_, final) in zip(prompt_ids, warm):
+        # The prefill node served everything but the block holding the last prompt token from cache.
+        assert final.num_cached_tokens == (len(ids) - 1) // 16 * 16
+    assert_idle(cluster.nodes)
+
+
+def test_pd_chunked_prefill(cluster, prompt_ids, hf_reference):
+    driver = RequestDriver(cluster.nodes)
+    check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-1"), decode=node(cluster, "decode-0")),
+          hf_reference)
+    assert_idle(cluster.nodes)
+
+
+def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
+    driver = RequestDriver(cluster.nodes)
+    decode = node(cluster, "decode-1")
+    check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-1"), decode=decode), hf_reference)
+    assert ray.get(decode.actor.stats.remote())["num_retractions"] > 0
+    assert_idle(cluster.nodes)
+
+
+def test_pd_round_robin_over_two_by_two(cluster, prompt_ids, hf_reference):
+    driver = RequestDriver(cluster.nodes)
+    check(run_all(driver, prompt_ids, GREEDY), hf_reference)
+    stats = ray.get([n.actor.stats.remote() for n in cluster.by_role("prefill")])
+    assert all(s["completed"] > 0 for s in stats)
+    assert_idle(cluster.nodes)
