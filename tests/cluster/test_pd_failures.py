@@ -1,0 +1,211 @@
+"""PD failures on a local Ray cluster with the real NIXL transport: aborts in each queue state, a
+transfer timeout, a prefill node killed with requests queued and in flight, a decode node killed
+mid-stream. Each affected request ends with a clear final message; unaffected ones finish equal to
+the reference; afterwards every surviving node holds nothing and its block accounting adds up."""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import pytest
+import ray
+
+from cluster.local_cluster import ClusterSpec, NodeCluster
+from cluster.request_driver import RequestDriver
+from engine.sampling_params import SamplingParams
+from node.messages import NodeRequest
+from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect
+from tests.conftest import NEW_TOKENS
+
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+ENDLESS = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+FAIL_FAST = {**FAST_TRANSFER, "bootstrap_timeout_s": 20.0}
+HANG_GUARD_S = 90  # a request still open after this is a hang, whatever the machine's speed
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = NodeCluster.start(ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 256},
+                                      transfer_options=FAIL_FAST))
+    try:
+        c.add_nodes(["prefill", "decode"])  # prefill-0, decode-0: the healthy pair
+        # prefill-1 computes 16 tokens per step, so a long prompt stays queued for a while.
+        c.add_nodes(["prefill"], {"chunked_prefill_size": 16, "max_num_batched_tokens": 16})
+        yield c
+    finally:
+        c.stop()
+
+
+def node(cluster, name):
+    return next(n for n in cluster.nodes if n.name == f"raypd-{name}")
+
+
+def request(ids, params=GREEDY, prefill=None) -> NodeRequest:
+    rid = f"t-{secrets.token_hex(4)}"
+    return NodeRequest(rid, secrets.randbits(63), tuple(ids), params,
+                       bootstrap_address=prefill.bootstrap_address if prefill else "")
+
+
+def wait_for(predicate, what: str, timeout_s: float = 30.0, period_s: float = 0.005):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(period_s)
+
+
+def queues(n) -> dict:
+    return ray.get(n.actor.stats.remote(), timeout=30)["queues"]
+
+
+def final_of(stream) -> list:
+    """Drain a decode node's stream (ObjectRefGenerator) and return its chunks."""
+    chunks = [ray.get(ref, timeout=HANG_GUARD_S) for ref in stream]
+    assert chunks and chunks[-1].finished and sum(c.finished for c in chunks) == 1
+    return chunks
+
+
+def long_prompt(prompt_ids):
+    return max(prompt_ids, key=len)
+
+
+def test_abort_in_prefill_bootstrap_and_queued(cluster, prompt_ids):
+    slow = node(cluster, "prefill-1")
+    # BOOTSTRAP: no decode node ever sends a destination.
+    req = request(prompt_ids[0])
+    result = slow.actor.prefill.remote(req)
+    wait_for(lambda: queues(slow)["bootstrap"] == 1, "bootstrap queue")
+    ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
+    res = ray.get(result, timeout=HANG_GUARD_S)
+    assert not res.ok and "aborted by the client" in res.error
+    # QUEUED: the destination arrived, the long prompt is being prefilled 16 tokens per step.
+    decode = node(cluster, "decode-0")
+    req = request(long_prompt(prompt_ids), prefill=slow)
+    result = slow.actor.prefill.remote(req)
+    stream = decode.actor.generate.remote(req)
+    wait_for(lambda: queues(slow)["queued"] == 1, "prefill queue")
+    ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
+    res = ray.get(result, timeout=HANG_GUARD_S)
+    assert not res.ok and "aborted by the client" in res.error
+    chunks = final_of(stream)  # the decode side learns the room was aborted
+    assert chunks[-1].error and "abort" in chunks[-1].error
+    assert_idle(cluster.nodes)
+
+
+def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids):
+    prefill = node(cluster, "prefill-0")
+    small = cluster.add_nodes(["decode"], {"num_blocks": 40})[0]
+    try:
+        # TRANSFER: a 30-block prompt whose prefill never starts holds its reservation...
+        blocker = request(list(range(1, 30 * 16 + 1)), prefill=prefill)
+        blocker_stream = small.actor.generate.remote(blocker)
+        wait_for(lambda: queues(small)["transfer"] == 1, "transfer queue")
+        # ...so a 20-block prompt waits in PREALLOC (back-pressure).
+        waiting = request(list(range(1, 20 * 16 + 1)), prefill=prefill)
+        waiting_stream = small.actor.generate.remote(waiting)
+        wait_for(lambda: queues(small)["prealloc"] == 1, "prealloc queue")
+        ray.get(small.actor.abort.remote(waiting.request_id), timeout=30)
+        assert final_of(waiting_stream)[-1].finish_reason == "abort"
+        ray.get(small.actor.abort.remote(blocker.request_id), timeout=30)
+        assert final_of(blocker_stream)[-1].finish_reason == "abort"
+        # RUNNING: the client goes away mid-stream; the driver aborts on both nodes.
+        driver = RequestDriver(cluster.nodes)
+
+        async def read_two_chunks_then_leave():
+            gen = driver.generate("leaver", prompt_ids[1], ENDLESS, prefill=prefill, decode=small)
+            got = [await gen.__anext__() for _ in range(2)]
+            await gen.aclose()
+            await asyncio.sleep(0.5)  # let the fire-and-forget aborts go out
+            return got
+        assert all(not c.finished for c in asyncio.run(read_two_chunks_then_leave()))
+        assert_idle([prefill, small])
+    finally:
+        ray.kill(small.actor)
+        cluster.remove(small)
+
+
+def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):
+    impatient = cluster.add_nodes(["decode"], transfer_options={"wait_timeout_s": 0.3})[0]
+    try:
+        driver = RequestDriver(cluster.nodes)
+        slow, healthy = node(cluster, "prefill-1"), node(cluster, "prefill-0")
+
+        async def main():
+            timed_out = [collect(driver, f"slow-{i}", long_prompt(prompt_ids), GREEDY, prefill=slow, decode=impatient)
+                         for i in range(2)]
+            fine = [collect(driver, f"fine-{i}", prompt_ids[i], GREEDY, prefill=healthy, decode=node(cluster, "decode-0"))
+                    for i in range(4)]
+            return await asyncio.wait_for(asyncio.gather(*timed_out, *fine), HANG_GUARD_S)
+        results = asyncio.run(main())
+        for tokens, final in results[:2]:
+            assert final.error and "timeout" in final.error and not tokens
+        for i, (tokens, final) in enumerate(results[2:]):
+            assert final.error is None and tokens == hf_reference[i]
+        assert_idle(cluster.nodes)
+    finally:
+        ray.kill(impatient.actor)
+        cluster.remove(impatient)
+
+
+def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, hf_reference):
+    victim = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 32, "max_num_batched_tokens": 32})[0]
+    decode, healthy = node(cluster, "decode-0"), node(cluster, "prefill-0")
+    driver = RequestDriver(cluster.nodes)
+
+    async def main():
+        doomed = [asyncio.ensure_future(collect(driver, f"doomed-{i}", ids, GREEDY, prefill=victim, decode=decode))
+                  for i, ids in enumerate(prompt_ids)]
+        fine = [asyncio.ensure_future(collect(driver, f"fine-{i}", ids, GREEDY, prefill=healthy, decode=decode))
+                for i, ids in enumerate(prompt_ids[:4])]
+        while not ray.get(victim.actor.stats.remote())["completed"]:  # kill once some KV has gone across
+            await asyncio.sleep(0.01)
+        ray.kill(victim.actor)
+        return await asyncio.wait_for(asyncio.gather(*doomed), HANG_GUARD_S), \
+            await asyncio.wait_for(asyncio.gather(*fine), HANG_GUARD_S)
+    try:
+        doomed, fine = asyncio.run(main())
+    finally:
+        cluster.remove(victim)
+    failed = [final for _, final in doomed if final.error]
+    assert failed, "killing the prefill node failed no request"
+    for i, (tokens, final) in enumerate(doomed):
+        assert final.error or tokens == hf_reference[i]  # finished before the kill, or failed cleanly
+    assert all("transfer failed" in f.error or "failed" in f.error for f in failed)
+    for i, (tokens, final) in enumerate(fine):
+        assert final.error is None and tokens == hf_reference[i]
+    assert_idle(cluster.nodes)
+
+
+def test_decode_killed_mid_stream(cluster, prompt_ids, hf_reference):
+    victim = cluster.add_nodes(["decode"])[0]
+    prefill, healthy = node(cluster, "prefill-0"), node(cluster, "decode-0")
+    driver = RequestDriver(cluster.nodes)
+
+    async def main():
+        started = asyncio.Event()
+
+        async def doomed(i, ids):
+            tokens = []
+            async for chunk in driver.generate(f"doomed-{i}", ids, ENDLESS, prefill=prefill, decode=victim):
+                tokens += chunk.token_ids
+                if tokens:
+                    started.set()
+                if chunk.finished:
+                    return tokens, chunk
+        tasks = [asyncio.ensure_future(doomed(i, ids)) for i, ids in enumerate(prompt_ids[:6])]
+        fine = [asyncio.ensure_future(collect(driver, f"fine-{i}", ids, GREEDY, prefill=prefill, decode=healthy))
+                for i, ids in enumerate(prompt_ids[:4])]
+        await asyncio.wait_for(started.wait(), HANG_GUARD_S)
+        ray.kill(victim.actor)
+        return await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD_S), \
+            await asyncio.wait_for(asyncio.gather(*fine), HANG_GUARD_S)
+    try:
+        doomed, fine = asyncio.run(main())
+    finally:
+        cluster.remove(victim)
+    for tokens, final in doomed:
+        assert final.error and victim.name in final.error
+    for i, (tokens, final) in enumerate(fine):
+        assert final.error is None and tokens == hf_reference[i]
+    assert_idle(cluster.nodes)  # prefill-0 freed the rooms it was sending to the dead node
