@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cluster.bench_cmd import add_bench_parser
 from cluster.generate_cmd import add_generate_parser
 
 
@@ -11,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raypd", description="Ray-based LLM serving with prefill/decode disaggregation")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

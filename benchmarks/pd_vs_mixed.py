@@ -1,0 +1,204 @@
+"""PD (1 prefill + 1 decode node) against 2 mixed nodes, same machine, same run, same workload:
+steady decoders plus bursts of long prompts. The point of PD is that decode TPOT p99 does not inflate
+when long prompts arrive, because the decode node never runs a prefill chunk.
+
+    python -m benchmarks.pd_vs_mixed --json bench-results/pd_vs_mixed.json    (or `raypd bench pd`)
+
+Workload (seeded, shared by both systems): `--decoders` requests always in flight, each a short prompt
+generating `--decode-tokens` tokens (a finished one is replaced at once); every `--burst-every` seconds a
+burst of `--burst-size` long prompts (`--burst-len` tokens, `--burst-tokens` output tokens). Each actor
+gets `--cpus-per-node` Ray CPUs and as many torch threads. Reports TTFT / TPOT / ITL p50 and p99 for the
+steady decoders and the bursts separately, the PD handoff breakdown (bootstrap wait, prefill queue,
+prefill compute, KV transfer, first decode step), and request and token throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.workloads import english_text
+from cluster.local_cluster import ClusterSpec, NodeCluster
+from cluster.request_driver import RequestDriver
+from engine.model_source import resolve_model
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
+
+
+@dataclass
+class Record:
+    kind: str            # "decoder" or "burst"
+    sent: float
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    error: str | None = None
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def tpot(self) -> float | None:
+        n = self.num_tokens
+        return (self.chunk_times[-1] - self.chunk_times[0]) / (n - 1) if n > 1 else None
+
+    def itls(self) -> list[float]:
+        """Per-token gaps: a chunk carrying k tokens after a gap g counts as k gaps of g/k."""
+        out = []
+        for (a, b), k in zip(zip(self.chunk_times, self.chunk_times[1:]), self.chunk_tokens[1:]):
+            if k:
+                out += [(b - a) / k] * k
+        return out
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def summarize(records: list[Record], window_s: float) -> dict:
+    out: dict = {"window_s": round(window_s, 2)}
+    for kind in ("decoder", "burst"):
+        rs = [r for r in records if r.kind == kind and not r.error and r.chunk_times]
+        ttft = [r.ttft for r in rs]
+        tpot = [r.tpot for r in rs if r.tpot is not None]
+        itl = [g for r in rs for g in r.itls()]
+        out[kind] = {"requests": len(rs), "errors": sum(1 for r in records if r.kind == kind and r.error),
+                     **{f"ttft_p{q}_ms": _ms(pct(ttft, q)) for q in (50, 99)},
+                     **{f"tpot_p{q}_ms": _ms(pct(tpot, q)) for q in (50, 99)},
+                     **{f"itl_p{q}_ms": _ms(pct(itl, q)) for q in (50, 99)}}
+    done = [r for r in records if not r.error and r.chunk_times]
+    out["output_tokens_per_s"] = round(sum(r.num_tokens for r in done) / window_s, 1)
+    out["requests_per_s"] = round(len(done) / window_s, 3)
+    phases: dict[str, list[float]] = {}
+    for r in done:
+        for k, v in r.timings.items():
+            phases.setdefault(k, []).append(v)
+    out["handoff_ms_p50"] = {k: _ms(statistics.median(v)) for k, v in sorted(phases.items())}
+    return out
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000, 1)
+
+
+class Workload:
+    def __init__(self, tokenizer: Tokenizer, args):
+        rng = random.Random(args.seed)
+        self.short = [tokenizer.encode(english_text(rng, args.decoder_len // 2))[:args.decoder_len]
+                      for _ in range(64)]
+        self.long = [tokenizer.encode(english_text(rng, args.burst_len))[:args.burst_len] for _ in range(64)]
+        self.args = args
+
+
+async def drive(driver: RequestDriver, wl: Workload, duration_s: float) -> tuple[list[Record], float]:
+    a = wl.args
+    records: list[Record] = []
+    t0 = time.monotonic()
+    stop_at = t0 + duration_s
+    counter = iter(range(10**9))
+
+    async def one(kind: str, ids: list[int], max_tokens: int) -> None:
+        n = next(counter)
+        rec = Record(kind, time.monotonic())
+        records.append(rec)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        async for chunk in driver.generate(f"{kind}-{n}", ids, params):
+            if chunk.token_ids:
+                rec.chunk_times.append(time.monotonic())
+                rec.chunk_tokens.append(len(chunk.token_ids))
+            if chunk.finished:
+                rec.error, rec.timings = chunk.error, chunk.timings
+
+    async def decoder_slot(i: int) -> None:
+        k = i
+        while time.monotonic() < stop_at:
+            await one("decoder", wl.short[k % len(wl.short)], a.decode_tokens)
+            k += a.decoders
+
+    async def bursts() -> None:
+        k = 0
+        await asyncio.sleep(a.burst_every / 2)
+        tasks = []
+        while time.monotonic() < stop_at:
+            for _ in range(a.burst_size):
+                tasks.append(asyncio.ensure_future(one("burst", wl.long[k % len(wl.long)], a.burst_tokens)))
+                k += 1
+            await asyncio.sleep(a.burst_every)
+        await asyncio.gather(*tasks)
+
+    await asyncio.gather(bursts(), *(decoder_slot(i) for i in range(a.decoders)))
+    return records, time.monotonic() - t0
+
+
+def run_system(name: str, spec: ClusterSpec, wl: Workload, args) -> dict:
+    with NodeCluster.start(spec) as cluster:
+        driver = RequestDriver(cluster.nodes)
+        # Warm-up: one request per node pair, so model first-touch costs stay out of the window.
+        asyncio.run(drive_warmup(driver, wl, len(cluster.nodes)))
+        records, window = asyncio.run(drive(driver, wl, args.duration))
+    result = summarize(records, window)
+    result["system"] = name
+    return result
+
+
+async def drive_warmup(driver: RequestDriver, wl: Workload, n: int) -> None:
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+    async def one(i):
+        async for _ in driver.generate(f"warm-{i}", wl.long[-1 - i], params):
+            pass
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="raypd bench pd", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of load per system")
+    ap.add_argument("--decoders", type=int, default=8)
+    ap.add_argument("--decoder-len", type=int, default=64)
+    ap.add_argument("--decode-tokens", type=int, default=96)
+    ap.add_argument("--burst-every", type=float, default=8.0)
+    ap.add_argument("--burst-size", type=int, default=4)
+    ap.add_argument("--burst-len", type=int, default=1024)
+    ap.add_argument("--burst-tokens", type=int, default=8)
+    ap.add_argument("--cpus-per-node", type=float, default=1.0)
+    ap.add_argument("--systems", default="pd,mixed")
+    ap.add_argument("--transfer-backend", default="nixl")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    wl = Workload(Tokenizer(resolve_model(None)), args)
+    common = dict(cpus_per_node=args.cpus_per_node, engine_options={"num_blocks": 2048},
+                  transfer_options={"backend": args.transfer_backend})
+    specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
+             "mixed": ClusterSpec(mixed_nodes=2, **common)}
+    results = [run_system(s, specs[s], wl, args) for s in args.systems.split(",")]
+    report = {"benchmark": "pd_vs_mixed", "machine": f"{platform.processor() or platform.machine()}, "
+              f"{__import__('os').cpu_count()} cores", "args": vars(args) | {"json": str(args.json)}, "results": results}
+    for r in results:
+        print(f"{r['system']:6s} decoder TPOT p50/p99 {r['decoder']['tpot_p50_ms']}/{r['decoder']['tpot_p99_ms']} ms"
+              f"  ITL p99 {r['decoder']['itl_p99_ms']} ms  burst TTFT p50/p99 {r['burst']['ttft_p50_ms']}/"
+              f"{r['burst']['ttft_p99_ms']} ms  decoder TTFT p50 {r['decoder']['ttft_p50_ms']} ms"
+              f"  {r['output_tokens_per_s']} tok/s  errors {r['decoder']['errors'] + r['burst']['errors']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
