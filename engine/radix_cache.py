@@ -158,6 +158,17 @@ class RadixCache:
         self.num_cached_blocks = self.num_evictable_blocks = 0
         self._emit(AllBlocksCleared(seq=self._next_seq()))
 
+    def snapshot(self) -> tuple[int, list[BlockStored]]:
+        """(last event seq, one BlockStored per cached block, parents before children): what a
+        consumer that lost events needs to rebuild its view of this cache."""
+        events, stack = [], list(self.root.children.values())
+        while stack:
+            x = stack.pop()
+            events.append(BlockStored(seq=self._event_seq, parent_hash=x.parent.hash, block_hashes=(x.hash,),
+                                      token_ids=x.tokens, block_size=self.block_size))
+            stack.extend(x.children.values())
+        return self._event_seq, events
+
     def cached_blocks(self) -> set[int]:
         return {x.block for x in self._iter_nodes()}
 

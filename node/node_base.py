@@ -52,6 +52,11 @@ class NodeBase:
     async def drain_kv_events(self) -> KVEventBatch:
         return await self.loop.acall(self._drain_kv_events)
 
+    async def kv_snapshot(self) -> tuple[int, list]:
+        """(last KV event seq, BlockStored per cached block): for a Conductor re-sync after a gap.
+        Events still buffered are dropped: the snapshot supersedes them."""
+        return await self.loop.acall(self._kv_snapshot)
+
     async def check_idle(self) -> dict:
         """Assert the engine's block accounting adds up; report what is still held (tests want zeros)."""
         return await self.loop.acall(self._check_idle)
@@ -81,6 +86,10 @@ class NodeBase:
         events = tuple(self._kv_events)
         self._kv_events.clear()
         return KVEventBatch(self.name, events)
+
+    def _kv_snapshot(self) -> tuple[int, list]:
+        self._kv_events.clear()
+        return self.engine.prefix_cache.snapshot()
 
     def _check_idle(self) -> dict:
         self.engine.check_block_integrity()

@@ -554,3 +554,22 @@ def test_cache_without_a_callback_still_works():
     assert cache.evict(1) == 1
     cache.reset()
     assert alloc.num_free == 4
+
+
+def test_snapshot_lists_every_cached_block_parents_first():
+    from engine.block_hash import chained_block_hashes
+
+    alloc = BlockAllocator(16)
+    events = []
+    cache = RadixCache(alloc, 4, events.append)
+    a, b = list(range(12)), list(range(8)) + [50, 51, 52, 53]
+    cache.insert(a, alloc.allocate(3))
+    cache.insert(b, alloc.allocate(3))
+    seq, snap = cache.snapshot()
+    assert seq == events[-1].seq
+    hashes = [e.block_hashes[0] for e in snap]
+    assert set(hashes) == set(chained_block_hashes(a, 4)) | set(chained_block_hashes(b, 4))
+    seen = {0}
+    for e in snap:  # every parent is listed before its children
+        assert e.parent_hash in seen
+        seen.add(e.block_hashes[0])
