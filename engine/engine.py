@@ -87,8 +87,11 @@ class LLMEngine:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= set(mc.eos_token_ids)
+        # A prefill-only request produces one token here, whatever max_tokens the decode side honours;
+        # counting more would make admission keep headroom for tokens this engine never computes.
+        new = 1 if prefill_only else params.max_tokens
         return Request(rid, ids, params, frozenset(stops),
-                       max_total_tokens=min(len(ids) + params.max_tokens, mc.max_position_embeddings))
+                       max_total_tokens=min(len(ids) + new, mc.max_position_embeddings))
 
     def _validate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                   prefill_only: bool = False) -> list[int]:

@@ -25,11 +25,12 @@ from enum import Enum
 from engine.errors import InvalidRequestError
 from engine.outputs import StepOutput
 from engine.request import RequestStatus
-from kvtransfer import KVSender, TransferConfig, TransferState
+from kvtransfer import KVReceiver, KVSender, TransferConfig, TransferState
 from node.aux_slots import AuxRecord, AuxSlots
 from node.messages import NodeRequest, PrefillResult
 from node.node_base import NodeBase
 from node.streams import Reply
+from prefill_node.prefix_copy import PrefixCopies
 
 log = logging.getLogger(__name__)
 S = TransferState
@@ -63,6 +64,10 @@ class PrefillNode(NodeBase):
         self.transfer_config = TransferConfig(**(transfer_options or {}))
         self.aux = AuxSlots(aux_slots, self.engine.device)
         self.sender = KVSender(self.engine.kv_cache.pool, self.aux.buffer, self.transfer_config, name=name)
+        # Receives prefixes other prefill nodes copy here (migration); the same pool, its own endpoint.
+        self.receiver = KVReceiver(self.engine.kv_cache.pool, self.aux.buffer, self.transfer_config,
+                                   name=f"{name}-import")
+        self.copies = PrefixCopies(self.engine, self.sender, self.receiver)
         self.rooms: dict[str, PrefillRoom] = {}
         self.num_completed = 0
         self.num_failed = 0
@@ -77,6 +82,22 @@ class PrefillNode(NodeBase):
 
     async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
         await self.loop.acall(self._abort, request_id, reason)
+
+    # -- Ray-callable: prefix copies for the Conductor (prefix_copy.py) -------------------------------
+    async def export_prefix(self, token_ids: list[int], room: int, target_node: str = "") -> PrefillResult:
+        """Write the cached blocks of token_ids to the node importing room `room`."""
+        reply = Reply()
+        self.loop.call(self.copies.export, list(token_ids), room, reply)
+        return await reply.wait()
+
+    async def import_prefix(self, token_ids: list[int], room: int, source_bootstrap_address: str) -> PrefillResult:
+        """Receive the blocks of token_ids from the node exporting room `room` into this prefix cache."""
+        reply = Reply()
+        self.loop.call(self.copies.import_, list(token_ids), room, source_bootstrap_address, reply)
+        return await reply.wait()
+
+    async def abort_migration(self, room: int) -> None:
+        await self.loop.acall(self.copies.abort, room)
 
     # -- engine thread: admission and aborts ------------------------------------------------------------
     def _add(self, req: NodeRequest, reply: Reply) -> None:
@@ -124,7 +145,8 @@ class PrefillNode(NodeBase):
                     self._finish(rid, None)
                 else:
                     self._finish(rid, self.sender.failure_reason(room.req.room) or "transfer failed")
-        return bool(self.rooms)
+        copying = self.copies.tick()
+        return bool(self.rooms) or copying
 
     def _start_prefill(self, rid: str, room: PrefillRoom) -> None:
         slot = self.aux.take()
@@ -196,15 +218,19 @@ class PrefillNode(NodeBase):
         phases = {p.value: 0 for p in PrefillPhase}
         for r in self.rooms.values():
             phases[r.phase.value] += 1
+        c = self.copies
         return {"queues": phases, "completed": self.num_completed, "failed": self.num_failed,
-                "transfer": asdict(self.sender.stats())}
+                "transfer": asdict(self.sender.stats()),
+                "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed}}
 
     def _extra_idle(self) -> dict:
-        st = self.sender.stats()
-        return {"rooms": len(self.rooms), "endpoint_rooms": st.rooms, "aux_in_use": len(self.aux.buffer) - self.aux.num_free}
+        return {"rooms": len(self.rooms), "endpoint_rooms": self.sender.stats().rooms + self.receiver.stats().rooms,
+                "copies": len(self.copies.exports) + len(self.copies.imports),
+                "aux_in_use": len(self.aux.buffer) - self.aux.num_free}
 
     def _close(self) -> None:
         self.sender.close()
+        self.receiver.close()
 
 
 def _durations(t: dict) -> dict:
