@@ -52,7 +52,8 @@ class MigrationConfig:
     half_life_s: float = 30.0       # decay of the hit-frequency score
     hot_score: float = 4.0          # decayed hits before a prefix counts as hot
     min_prefix_tokens: int = 256
-    overload_queue_s: float = 1.0   # every holder's estimated queue must exceed this
+    overload_queue_s: float = 1.0   # holders overloaded now: every holder's queue exceeds this, or
+    max_holder_utilization: float = 0.8  # soon: the prefix's hit rate x service time per holder exceeds this
     light_queue_s: float = 0.25     # the target's estimated queue must be below this
     window_s: float = 30.0          # horizon over which the saving is counted
     margin: float = 2.0             # saving must exceed margin x transfer cost

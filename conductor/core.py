@@ -103,11 +103,15 @@ class ConductorCore:
         info = self.registry.mark_dead(name, reason)
         if info is None:
             return False
-        self.index.remove_node(name)
-        self.table.remove(info.slot)
-        for plan in self.planner.drop_node(name, self.clock()):
-            self.metrics.migration("failed")
+        self._forget(info)
         return True
+
+    def _forget(self, info: NodeInfo) -> None:
+        """A dead node leaves every part at once: index entries, load arrays, its migrations."""
+        self.index.remove_node(info.name)
+        self.table.remove(info.slot)
+        for _ in self.planner.drop_node(info.name, self.clock()):
+            self.metrics.migration("failed")
 
     def heartbeat(self, name: str) -> None:
         self.registry.heartbeat(name)
@@ -140,12 +144,19 @@ class ConductorCore:
         return [self.registry.get(n) for n in self.index.nodes_needing_resync()]
 
     # -- routing ------------------------------------------------------------------------------
-    def route(self, request_id: str, prompt_token_ids: Sequence[int], now: float | None = None) -> RouteDecision:
+    def route(self, request_id: str, prompt_token_ids: Sequence[int], now: float | None = None,
+              block_hashes: dict[int, list[int]] | None = None) -> RouteDecision:
         """Choose (prefill, decode) for one request. Raises AdmissionRejected when an SLO is set
-        and the best estimate breaks it, NoCandidateError when no node can serve."""
+        and the best estimate breaks it, NoCandidateError when no node can serve.
+
+        `block_hashes` lets a caller that already hashed the prompt (an ingress replica, off the
+        Conductor's one thread) skip hashing here: {block size: PrefixIndex.hash_prompt(...)[bs]}
+        computed with engine.block_hash; hashing is about half of a decision's time."""
         t0 = time.perf_counter()
         now = self.clock() if now is None else now
-        match = self.index.match(prompt_token_ids, self.registry.num_slots)
+        if block_hashes is not None and set(block_hashes) != set(self.index.block_sizes()):
+            block_hashes = None   # hashed for other block sizes than the nodes use: redo it here
+        match = self.index.match(prompt_token_ids, self.registry.num_slots, block_hashes)
         view = RoutingView(request_id, len(prompt_token_ids), match, now, self.table, self.topology,
                            self.prefill_model, self.decode_model, self.config, self._names)
         d = self.policy.route(view)
@@ -248,9 +259,7 @@ class ConductorCore:
         now = self.clock()
         res = TickResult()
         for info in self.registry.expire():
-            self.index.remove_node(info.name)
-            self.table.remove(info.slot)
-            self.planner.drop_node(info.name, now)
+            self._forget(info)
             res.dead.append(info.name)
         res.expired_migrations = self.planner.expire(now)
         for plan in res.expired_migrations:
@@ -290,6 +299,6 @@ class ConductorCore:
             "index_blocks": self.index.num_blocks, "index_entries": self.index.num_entries,
             "resyncs": self.index.num_resyncs, "dropped_events": self.index.num_dropped_events,
             "migrations": {"started": pl.started, "finished": pl.finished, "failed": pl.failed,
-                           "active": len(pl.active), "bytes_started": pl.bytes_started},
+                           "active": len(pl.active), "bytes_started": pl.bytes_started, "skips": dict(pl.skips)},
             "nodes": nodes,
         }

@@ -14,6 +14,9 @@ class UnknownNodeError(ConductorError, KeyError):
     def __str__(self) -> str:
         return f"unknown node {self.node!r}"
 
+    def __reduce__(self):   # errors cross Ray actor boundaries: rebuild from the same arguments
+        return (type(self), (self.node,))
+
 
 class InvalidRoleError(ConductorError, ValueError):
     pass
@@ -39,6 +42,9 @@ class AdmissionRejected(ConductorError):
         self.slo_s = slo_s
         self.decision = decision
 
+    def __reduce__(self):
+        return (type(self), (self.request_id, self.reason, self.estimate_s, self.slo_s, self.decision))
+
 
 class HashSchemeMismatch(ConductorError):
     """A node's BlockStored hashes differ from what engine.block_hash computes for its tokens: the
@@ -47,7 +53,10 @@ class HashSchemeMismatch(ConductorError):
 
     def __init__(self, node: str, expected: int, got: int):
         super().__init__(f"node {node!r} names a block {got:#x}, engine.block_hash gives {expected:#x}")
-        self.node = node
+        self.node, self.expected, self.got = node, expected, got
+
+    def __reduce__(self):
+        return (type(self), (self.node, self.expected, self.got))
 
 
 class TopologyError(ConductorError, ValueError):

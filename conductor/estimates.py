@@ -19,6 +19,7 @@ from collections import deque
 import numpy as np
 
 MIN_SAMPLES = 8
+REFIT_EVERY = 16   # refitting on every report would cost more than routing; the fit moves slowly
 
 
 class PrefillTimeModel:
@@ -27,6 +28,7 @@ class PrefillTimeModel:
         self.k = attention_coeff
         self.overhead_s = overhead_s
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self._seen = 0
 
     def estimate(self, n_new, n_cached, speed):
         """Vectorized over numpy arrays (or plain floats)."""
@@ -35,9 +37,11 @@ class PrefillTimeModel:
 
     def speeds(self, reported: np.ndarray) -> np.ndarray:
         """Reported speeds with 0 (no measurement yet) replaced by the fleet median or default."""
-        known = reported[reported > 0]
-        fallback = float(np.median(known)) if len(known) else self.default_speed
-        return np.where(reported > 0, reported, fallback)
+        known = reported > 0
+        if known.all():
+            return reported
+        fallback = float(np.median(reported[known])) if known.any() else self.default_speed
+        return np.where(known, reported, fallback)
 
     def observe(self, n_new: int, n_cached: int, seconds: float, speed: float) -> None:
         """One measured prefill; refits k when enough samples spread over context lengths."""
@@ -46,7 +50,8 @@ class PrefillTimeModel:
         x = n_cached + 0.5 * n_new
         y = (seconds - self.overhead_s) * speed / n_new - 1.0   # = k * x for a perfect model
         self._samples.append((x, y))
-        if len(self._samples) >= MIN_SAMPLES:
+        self._seen += 1
+        if len(self._samples) >= MIN_SAMPLES and self._seen % REFIT_EVERY == 0:
             xs = np.array([s[0] for s in self._samples])
             ys = np.array([s[1] for s in self._samples])
             denom = float(xs @ xs)
@@ -59,6 +64,7 @@ class DecodeStepModel:
         self.base_s = base_s
         self.per_seq_s = per_seq_s
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self._seen = 0
 
     def step_time(self, batch):
         return self.base_s + self.per_seq_s * np.maximum(batch, 1)
@@ -67,7 +73,8 @@ class DecodeStepModel:
         if batch <= 0 or step_time_s <= 0:
             return
         self._samples.append((batch, step_time_s))
-        if len(self._samples) < MIN_SAMPLES:
+        self._seen += 1
+        if len(self._samples) < MIN_SAMPLES or self._seen % REFIT_EVERY:
             return
         b = np.array([s[0] for s in self._samples])
         t = np.array([s[1] for s in self._samples])

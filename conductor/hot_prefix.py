@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -17,7 +17,7 @@ class HotPrefix:
     key: int                    # hash of the prefix's last block
     block_size: int
     num_tokens: int
-    token_ids: tuple[int, ...]  # kept so a holder can be asked to export exactly this prefix
+    token_ids: tuple[int, ...] = field(repr=False)  # so a holder can export exactly this prefix
     score: float = 0.0
     updated: float = 0.0
     hits: int = 0

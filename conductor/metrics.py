@@ -5,7 +5,8 @@ is imported only when it already is, so this module costs nothing outside a clus
 Exported (prefix raypd_conductor_):
   decision_latency_ms (histogram)          decisions_total{policy,branch} (counter)
   predicted_cached_tokens_total (counter)  delivered_cached_tokens_total (counter)
-  cached_tokens_error (histogram, delivered - predicted, per reporting request)
+  cached_tokens_abs_error (histogram, |delivered - predicted| per reported request)
+  cached_tokens_mispredicted_total{direction=over|under} (counter)
   node_queued_prefill_tokens{node,role}    node_running{node,role}   node_free_blocks{node,role}
   migrations_total{state=started|finished|failed} (counter)    migration_bytes_total (counter)
   index_blocks (gauge)   index_entries (gauge)   resyncs_total{node} (counter)
@@ -17,7 +18,7 @@ from __future__ import annotations
 import sys
 
 _LATENCY_MS = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0]
-_ERR_TOKENS = [-4096, -1024, -256, -64, -16, -1, 0, 1, 16, 64, 256, 1024, 4096]
+_ERR_TOKENS = [1, 16, 64, 256, 1024, 4096, 16384]
 _LAG_S = [0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0]
 
 
@@ -38,7 +39,9 @@ class ConductorMetrics:
         self._decisions = Counter(p + "decisions_total", "decisions per policy branch", ("policy", "branch"))
         self._predicted = Counter(p + "predicted_cached_tokens_total", "cached tokens predicted for the chosen node")
         self._delivered = Counter(p + "delivered_cached_tokens_total", "cached tokens nodes reported using")
-        self._err = Histogram(p + "cached_tokens_error", "delivered - predicted cached tokens", _ERR_TOKENS)
+        self._err = Histogram(p + "cached_tokens_abs_error", "|delivered - predicted| cached tokens", _ERR_TOKENS)
+        self._mispredicted = Counter(p + "cached_tokens_mispredicted_total", "requests whose delivered cached "
+                                     "tokens differ from the prediction", ("direction",))
         self._queued = Gauge(p + "node_queued_prefill_tokens", "queued prefill tokens", ("node", "role"))
         self._running = Gauge(p + "node_running", "running requests", ("node", "role"))
         self._free = Gauge(p + "node_free_blocks", "free KV blocks", ("node", "role"))
@@ -62,7 +65,9 @@ class ConductorMetrics:
         if self.enabled:
             if delivered:
                 self._delivered.inc(delivered)
-            self._err.observe(delivered - predicted)
+            self._err.observe(abs(delivered - predicted))
+            if delivered != predicted:
+                self._mispredicted.inc(1, {"direction": "over" if predicted > delivered else "under"})
 
     def rejection(self, reason: str) -> None:
         if self.enabled:

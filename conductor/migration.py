@@ -4,7 +4,10 @@ Per routed request, the prefix it matched gets a hit (hot_prefix.py); then, for 
 the trigger is checked - all of these must hold:
 
     hot:        decayed score >= hot_score and prefix >= min_prefix_tokens
-    overloaded: every prefill node holding it has an estimated queue >= overload_queue_s
+    overloaded: every prefill node holding it has an estimated queue >= overload_queue_s (measured),
+                or the prefix's hit rate x the prefill time of a request's uncached part, spread
+                over its holders, exceeds max_holder_utilization (predicted: replicate before the
+                queues build, not after)
     light:      some prefill node without it has a queue <= light_queue_s and room for it
     worth it:   saving over the next window > margin x transfer cost, where
                 saving = (expected hits in window / (holders + 1))
@@ -25,7 +28,7 @@ reserved, the source unlocks its blocks); the index never assumed the copy.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -47,7 +50,7 @@ class MigrationPlan:
     prefix_key: int
     block_size: int
     num_tokens: int
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...] = field(repr=False)
     source: str
     target: str
     est_cost_s: float
@@ -73,6 +76,8 @@ class MigrationPlanner:
         self.history: list[MigrationPlan] = []      # finished plans, most recent last (bounded)
         self.started = self.finished = self.failed = 0
         self.bytes_started = 0
+        # why hot prefixes were not migrated, for status() and tuning
+        self.skips = {"bounded": 0, "holders_keep_up": 0, "no_light_target": 0, "not_worth_it": 0}
 
     # -- trigger ------------------------------------------------------------------------------
     def observe(self, view, token_ids, holders: np.ndarray, now: float) -> MigrationPlan | None:
@@ -87,9 +92,10 @@ class MigrationPlanner:
 
     def evaluate(self, e: HotPrefix, view, holders: np.ndarray, now: float) -> MigrationPlan | None:
         cfg = self.config
-        if self.hot.score(e, now) < cfg.hot_score or len(self.active) >= cfg.max_concurrent:
+        if self.hot.score(e, now) < cfg.hot_score or len(holders) == 0:
             return None
-        if e.key in self._by_key or self._cooldown.get(e.key, -1.0) > now or len(holders) == 0:
+        if len(self.active) >= cfg.max_concurrent or e.key in self._by_key or self._cooldown.get(e.key, -1.0) > now:
+            self.skips["bounded"] += 1
             return None
         ps = view.prefill_slots
         _, speed, queue_s = view.queue_s(ps)
@@ -97,16 +103,22 @@ class MigrationPlanner:
         if not is_holder.any():
             return None
         holder_q = float(queue_s[is_holder].min())
-        if holder_q < cfg.overload_queue_s:
+        hslots = ps[is_holder]
+        rate = self.hot.rate(e, now)
+        service = float(view.prefill_model.estimate(max(view.num_tokens - e.num_tokens, 1), e.num_tokens,
+                                                    float(np.median(speed[is_holder]))))
+        utilization = rate * service / len(hslots)
+        if holder_q < cfg.overload_queue_s and utilization < cfg.max_holder_utilization:
+            self.skips["holders_keep_up"] += 1
             return None
         t = view.table
         room = np.where(t.total_blocks[ps] > 0, t.free_blocks[ps] * t.block_size[ps], np.inf)
         busy_target = np.array([view.names[s] in self._targets for s in ps], dtype=bool)
         light = ~is_holder & (queue_s <= cfg.light_queue_s) & (room >= e.num_tokens) & ~busy_target
         if not light.any():
+            self.skips["no_light_target"] += 1
             return None
         # Target: lightest after paying for the copy; source: the holder it is fastest to copy from.
-        hslots = ps[is_holder]
         cand = np.flatnonzero(light)
         copy_s = np.min([view.send_s(int(h), ps[cand], e.num_tokens) for h in hslots[:8]], axis=0)
         j = int(np.argmin(queue_s[cand] + copy_s))
@@ -115,10 +127,14 @@ class MigrationPlanner:
         source = int(hslots[int(np.argmin(view.send_s(target, hslots, e.num_tokens)))])
         cost = float(copy_s[j])
         recompute = float(view.prefill_model.estimate(e.num_tokens, 0, speed[ti]))
-        per_request = min(holder_q - float(queue_s[ti]), recompute)
-        expected = self.hot.rate(e, now) * cfg.window_s / (len(hslots) + 1)
+        # a request either waits at a holder (at least its queue, at least one service time when
+        # holders run hot) or recomputes the prefix elsewhere; the copy spares the cheaper of the two
+        wait = max(holder_q, service * utilization) - float(queue_s[ti])
+        per_request = max(min(wait, recompute), 0.0)
+        expected = rate * cfg.window_s / (len(hslots) + 1)
         saving = expected * per_request
         if saving <= cfg.margin * cost:
+            self.skips["not_worth_it"] += 1
             return None
         plan = MigrationPlan(
             plan_id=next(self._ids), prefix_key=e.key, block_size=e.block_size, num_tokens=e.num_tokens,

@@ -161,13 +161,8 @@ class PrefixIndex:
         return sorted(self._block_size_users) or [self.default_block_size]
 
     def hash_prompt(self, token_ids: Sequence[int]) -> dict[int, list[int]]:
-        """The prompt's chained hashes for every block size in use (normally exactly one).
-
-        Only blocks inside the first len - 1 tokens count: the engine always computes the last
-        prompt token (it needs its logits), so it never reuses a block holding it
-        (engine/scheduler.py matches at most (n - 1) // block_size blocks)."""
-        usable = token_ids[:max(len(token_ids) - 1, 0)]
-        return {bs: chained_block_hashes(usable, bs) for bs in self.block_sizes()}
+        """The prompt's chained hashes for every block size in use (normally exactly one)."""
+        return {bs: prompt_block_hashes(token_ids, bs) for bs in self.block_sizes()}
 
     def match(self, token_ids: Sequence[int], num_slots: int,
               hashes: dict[int, list[int]] | None = None) -> PrefixMatch:
@@ -304,6 +299,14 @@ class PrefixIndex:
         if depth and cur > 0:
             for slot in bits(cur):
                 yield slot, depth
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The hashes a prompt is matched by: engine.block_hash's chain over the blocks inside the
+    first len - 1 tokens. The engine always computes the last prompt token (it needs its logits),
+    so it never reuses the block holding it (engine/scheduler.py matches at most
+    (n - 1) // block_size blocks). An ingress may call this and pass the result to route()."""
+    return chained_block_hashes(token_ids[:max(len(token_ids) - 1, 0)], block_size)
 
 
 def bits(mask: int) -> list[int]:

@@ -71,6 +71,7 @@ class Topology:
         self._capacity = 0
         self.latency = np.zeros((0, 0))     # us; inf where unreachable
         self.bandwidth = np.zeros((0, 0))   # GB/s; 0 where unreachable
+        self.seconds_per_byte = np.zeros((0, 0))   # 1 / bandwidth, finite (1 s/B where unreachable)
         self._switch_ids: dict[str, int] = {}
         self._s_lat = np.zeros((0, 0))
         self._s_bw = np.zeros((0, 0))
@@ -218,6 +219,8 @@ class Topology:
             lat[idx, idx] = self.defaults.same_host.latency_us
             bw[idx, idx] = self.defaults.same_host.bandwidth
         self.latency, self.bandwidth = lat, bw
+        # the policies multiply by this (a division per candidate per request would cost more)
+        self.seconds_per_byte = np.where(bw > 0, 1.0 / np.maximum(bw, 1e-12) * 1e-9, 1.0)
         self.num_rebuilds += 1
 
     def _rebuild_switches(self) -> None:

@@ -60,12 +60,23 @@ class RoutingView:
         """KV transfer seconds of `num_tokens` (scalar or per destination) from one node to each of
         `dst_slots`; 0 to itself."""
         h = self.table.host
-        bw = self.topology.bandwidth[h[src_slot], h[dst_slots]]
-        lat = self.topology.latency[h[src_slot], h[dst_slots]]
-        nbytes = num_tokens * self.config.cost.kv_bytes_per_token
-        with np.errstate(divide="ignore"):
-            s = nbytes / (bw * 1e9) + lat * 1e-6
+        src = h[src_slot]
+        dst = h[dst_slots]
+        topo = self.topology
+        s = (num_tokens * self.config.cost.kv_bytes_per_token) * topo.seconds_per_byte[src, dst] \
+            + topo.latency[src, dst] * 1e-6
         return np.where(dst_slots == src_slot, 0.0, s)
+
+
+    def send_matrix(self, src_slots: np.ndarray, dst_slots: np.ndarray, num_tokens: float) -> np.ndarray:
+        """send_s for several sources at once: (len(src), len(dst)) seconds, 0 on the diagonal."""
+        h = self.table.host
+        src = h[src_slots][:, None]
+        dst = h[dst_slots][None, :]
+        topo = self.topology
+        s = (num_tokens * self.config.cost.kv_bytes_per_token) * topo.seconds_per_byte[src, dst] \
+            + topo.latency[src, dst] * 1e-6
+        return np.where(src_slots[:, None] == dst_slots[None, :], 0.0, s)
 
 
 class RoutingPolicy(ABC):
@@ -110,20 +121,41 @@ def decode_with_room(view: RoutingView) -> np.ndarray:
     return ok if len(ok) else d
 
 
+@dataclass(slots=True)
+class DecodeField:
+    """The decode candidates with their load and TBT estimate, computed once per request and then
+    paired with any number of prefill candidates (only the KV send time depends on the pair)."""
+    slots: np.ndarray
+    load: np.ndarray
+    tbt: np.ndarray
+
+    @classmethod
+    def of(cls, view: RoutingView) -> DecodeField:
+        d = decode_with_room(view)
+        load = view.table.decode_load(d)
+        return cls(d, load, view.decode_model.step_time(load + 1))
+
+    def pick(self, view: RoutingView, prefill_slot: int, by_distance: bool = True
+             ) -> tuple[int, float, list[DecodeEstimate]]:
+        """Decode node by load and distance from the prefill node: minimise KV send time plus
+        decode_weight x estimated time per token with this request added. (slot, TBT, shown)."""
+        d, load, tbt = self.slots, self.load, self.tbt
+        send = view.send_s(prefill_slot, d, view.num_tokens) if by_distance else np.zeros(len(d))
+        score = send + view.config.cost.decode_weight * tbt
+        if len(d) > DECODE_SHOWN:
+            order = np.argpartition(score, DECODE_SHOWN - 1)[:DECODE_SHOWN]
+            order = order[np.argsort(score[order], kind="stable")]
+        else:
+            order = np.argsort(score, kind="stable")
+        shown = [DecodeEstimate(view.names[d[i]], float(load[i]), float(tbt[i]), float(send[i]), float(score[i]))
+                 for i in order]
+        i = int(np.argmin(score))   # the first of equals, as the cost policy's batched pairing picks
+        return int(d[i]), float(tbt[i]), shown
+
+
 def pick_decode(view: RoutingView, prefill_slot: int, by_distance: bool = True
                 ) -> tuple[int, float, list[DecodeEstimate]]:
-    """Decode node by load and distance from the prefill node: minimise KV send time plus
-    decode_weight x estimated time per token with this request added. Returns (slot, TBT, shown)."""
-    d = decode_with_room(view)
-    load = view.table.decode_load(d)
-    tbt = view.decode_model.step_time(load + 1)
-    send = view.send_s(prefill_slot, d, view.num_tokens) if by_distance else np.zeros(len(d))
-    score = send + view.config.cost.decode_weight * tbt
-    order = np.argsort(score, kind="stable")[:DECODE_SHOWN]
-    shown = [DecodeEstimate(view.names[d[i]], float(load[i]), float(tbt[i]), float(send[i]), float(score[i]))
-             for i in order]
-    i = int(order[0])
-    return int(d[i]), float(tbt[i]), shown
+    return DecodeField.of(view).pick(view, prefill_slot, by_distance)
 
 
 def least_loaded_decode(view: RoutingView) -> tuple[int, float, list[DecodeEstimate]]:

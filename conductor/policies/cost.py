@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from conductor.decision import CandidateEstimate, PrefixFetch, RouteDecision
-from conductor.policies.base import RoutingPolicy, RoutingView, pick_decode, register_policy, require
+from conductor.policies.base import DecodeField, RoutingPolicy, RoutingView, register_policy, require
 
 
 @register_policy
@@ -54,25 +54,29 @@ class CostPolicy(RoutingPolicy):
         k = min(cfg.top_k_prefill, len(ps))
         top = np.argpartition(ttft, k - 1)[:k] if k < len(ps) else np.arange(len(ps))
         top = top[np.argsort(ttft[top], kind="stable")]
+        # pair each of the k best with its decode node in one (k x decode) pass
+        decode = DecodeField.of(view)
+        pslots = ps[top]
+        send = view.send_matrix(pslots, decode.slots, n)
+        score = send + cfg.decode_weight * decode.tbt[None, :]
+        best_d = np.argmin(score, axis=1)
+        rows = np.arange(len(top))
+        total = ttft[top] + send[rows, best_d]
+        j = int(np.argmin(total))
         shown: list[CandidateEstimate] = []
-        chosen = None
-        for i in top:
-            p = int(ps[i])
-            d, tbt, dshown = pick_decode(view, p)
-            send = dshown[0].send_s
-            total = float(ttft[i]) + send
+        for r, i in enumerate(top):
             hit = best if use_fetch[i] else int(cached[i])
-            c = CandidateEstimate(
-                node=view.names[p], cached_tokens=int(cached[i]), queued_tokens=float(queued[i]),
+            shown.append(CandidateEstimate(
+                node=view.names[ps[i]], cached_tokens=int(cached[i]), queued_tokens=float(queued[i]),
                 queue_s=float(queue_s[i]), prefill_s=float(model.estimate(n - hit, hit, speed[i])),
                 fetch_tokens=int(best - cached[i]) if use_fetch[i] else 0,
                 fetch_from=view.names[holder] if use_fetch[i] else None,
-                fetch_s=float(fetch_s[i]) if use_fetch[i] else 0.0, send_s=send, ttft_s=total,
-                decode_node=view.names[d])
-            shown.append(c)
-            if chosen is None or total < chosen[0].ttft_s:
-                chosen = (c, i, p, d, tbt, dshown)
-        c, i, p, d, tbt, dshown = chosen
+                fetch_s=float(fetch_s[i]) if use_fetch[i] else 0.0, send_s=float(send[r, best_d[r]]),
+                ttft_s=float(total[r]), decode_node=view.names[decode.slots[best_d[r]]]))
+        i, p = int(top[j]), int(pslots[j])
+        c = shown[j]
+        d, tbt = int(decode.slots[best_d[j]]), float(decode.tbt[best_d[j]])
+        dshown = decode.pick(view, p)[2]    # the nearest few, for the record
         fetch = None
         if use_fetch[i]:
             branch = "fetch"

@@ -6,7 +6,7 @@ import sys
 
 
 def test_conductor_imports_no_torch():
-    code = ("import sys, conductor, conductor.core, conductor.actor, conductor.policies, conductor.sim.simulator; "
+    code = ("import sys, conductor, conductor.core, conductor.actor, conductor.policies, conductor.sim.simulator, conductor.sim.report; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -7,16 +7,17 @@ from conductor.config import MigrationConfig
 from conductor.hot_prefix import HotPrefixTracker
 from conductor.migration import MigrationStatus
 from tests.conductor.helpers import EventMaker, batch, load
-from tests.conductor.test_policies import PREFIX, PROMPT, hold, make_core
+from tests.conductor.test_policies import PREFIX, PROMPT, make_core
 
 MIG = MigrationConfig(enabled=True, hot_score=3.0, min_prefix_tokens=256, overload_queue_s=1.0,
                       light_queue_s=0.25, window_s=30.0, margin=2.0, max_concurrent=1, half_life_s=30.0,
                       cooldown_s=10.0, timeout_s=5.0)
 
 
-def core_with(mig: MigrationConfig = MIG, policy: str = "cache_aware"):
+def core_with(mig: MigrationConfig = MIG, policy: str = "cache_aware", *more_prefixes):
     core = make_core(policy, migration=mig)
-    hold(core, "p0", PREFIX)
+    em = EventMaker(16)
+    core.report_kv_events(batch("p0", em.stored(PREFIX), *(em.stored(p) for p in more_prefixes)))
     return core
 
 
@@ -72,9 +73,8 @@ def test_not_for_short_prefixes():
 
 
 def test_bounded_concurrency_cooldown_and_timeout():
-    core = core_with(replace(MIG, max_concurrent=1))
     other = list(range(20_000, 21_000))
-    hold(core, "p0", other[:960])
+    core = core_with(replace(MIG, max_concurrent=1), "cache_aware", other[:960])
     assert len(hammer(core, 3, p0=5000, p1=0, p2=0)) == 1
     core.take_migrations()
     # a second hot prefix waits: one migration in flight at most
@@ -107,3 +107,15 @@ def test_scores_decay_with_the_half_life():
     for k in range(10):
         small.hit(k, 16, 16, [k] * 16, now=float(k))
     assert len(small) <= 4 and small.get(9) is not None
+
+
+def test_fires_on_predicted_overload_before_queues_build():
+    """Hits arriving faster than one holder can serve them: each needs ~0.205 s of prefill beyond
+    the prefix, and n hits at once with a 1 s half-life stand for n x 0.69 req/s, so the 6th hit
+    means 0.85 s of work per second (> 0.8) while the holder's queue is only this one request."""
+    core = core_with(replace(MIG, half_life_s=1.0))
+    prompt = PREFIX + list(range(50_000, 50_200))
+    assert hammer(core, 5, prompt=prompt, p0=0, p1=0, p2=0) == []
+    assert core.status()["migrations"]["skips"]["holders_keep_up"] == 5 - int(MIG.hot_score) + 1
+    plans = hammer(core, 1, prompt=prompt, p0=0, p1=0, p2=0)
+    assert len(plans) == 1 and plans[0].source == "p0" and plans[0].target in ("p1", "p2")

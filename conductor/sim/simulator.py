@@ -1,0 +1,299 @@
+"""One simulated run: requests arrive, the real ConductorCore routes them, simulated nodes serve.
+
+Event loop on a virtual clock (a heap of (time, order, kind, payload)). The wiring mirrors the
+cluster: a node's KV events and load reports reach the Conductor in batches at most every
+report_interval_s after a change (so the Conductor sees stale load, as it would); fetches
+(Branch B) and migrations copy blocks node to node through the source's NIC, and the target's
+cache publishes them; the Conductor learns of copies only from those events.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conductor.core import ConductorCore
+from conductor.errors import AdmissionRejected
+from conductor.migration import MigrationPlan
+from conductor.sim.nodes import Job, Outcome, SimDecodeNode, SimPrefillNode
+from conductor.sim.profiles import HardwareProfile, build_topology, conductor_config
+from conductor.sim.workload import SimRequest
+from conductor.topology import Topology, transfer_seconds
+from node.messages import HostInfo, KVEventBatch, LoadReport
+
+ARRIVE, PREFILL_DONE, KV_LANDED, DECODE_TICK, REPORT, COPY_DONE, SAMPLE, TICK = range(8)
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    outcomes: list[Outcome]
+    imbalance: list[float]               # max / mean of prefill queues, per sample with load
+    decision_latency_s: list[float]
+    branches: dict[str, int]
+    rejected: int
+    migrations: dict[str, int]
+    fetches: int
+    copy_bytes: int
+    wall_s: float
+    busy_share: float                    # prefill nodes' busy time / (nodes x makespan)
+    extra: dict = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, profile: HardwareProfile, policy: str, *, prefill_nodes: int, decode_nodes: int,
+                 block_size: int = 16, unit: int = 1, migration: bool = False, report_interval_s: float = 0.05,
+                 sample_interval_s: float = 1.0, tick_interval_s: float = 1.0, config_overrides: dict | None = None,
+                 migration_overrides: dict | None = None):
+        self.profile = profile
+        self.unit = unit
+        self.block_size = block_size
+        self.now = 0.0
+        self.report_interval_s = report_interval_s
+        self.sample_interval_s = sample_interval_s
+        self.tick_interval_s = tick_interval_s
+        n = prefill_nodes + decode_nodes
+        self.topology, hosts = build_topology(profile, n)
+        # interleave roles over hosts so every host has both (as a mixed deployment would)
+        roles = ["prefill"] * prefill_nodes + ["decode"] * decode_nodes
+        order = _interleave(prefill_nodes, decode_nodes)
+        self.prefill: list[SimPrefillNode] = []
+        self.decode: list[SimDecodeNode] = []
+        cfg = conductor_config(profile, policy.split("+")[0], migration=migration or policy.endswith("+migration"),
+                               block_size=block_size, migration_overrides=migration_overrides,
+                               **(config_overrides or {}))
+        self.core = ConductorCore(cfg, self.topology, clock=lambda: self.now)
+        self.policy_name = policy
+        self.nodes: dict[str, SimPrefillNode | SimDecodeNode] = {}
+        for i, k in enumerate(order):
+            host = hosts[i]
+            if roles[k] == "prefill":
+                node = SimPrefillNode(f"p{len(self.prefill)}", host, profile, block_size)
+                self.prefill.append(node)
+            else:
+                node = SimDecodeNode(f"d{len(self.decode)}", host, profile, block_size, unit)
+                self.decode.append(node)
+            self.nodes[node.name] = node
+            self.core.register_node(node.name, roles[k], HostInfo(host, "", host, 0))
+        self._heap: list = []
+        self._order = itertools.count()
+        self._report_due: set[str] = set()
+        self.outcomes: list[Outcome] = []
+        self.imbalance: list[float] = []
+        self.latencies: list[float] = []
+        self.branches: dict[str, int] = {}
+        self.rejected = 0
+        self.fetches = 0
+        self.copy_bytes = 0             # fetches and migrations, not the KV sent to decode nodes
+        self._pending_arrivals = 0
+        self._unfinished = 0
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _at(self, t: float, kind: int, payload=None) -> None:
+        heapq.heappush(self._heap, (t, next(self._order), kind, payload))
+
+    def _dirty(self, name: str) -> None:
+        if name not in self._report_due:
+            self._report_due.add(name)
+            self._at(self.now + self.report_interval_s, REPORT, name)
+
+    def _transfer_s(self, src: str, dst: str, tokens: float) -> float:
+        a, b = self.nodes[src], self.nodes[dst]
+        if src == dst:
+            return 0.0
+        t: Topology = self.topology
+        i, j = t.host_index(a.host), t.host_index(b.host)
+        return transfer_seconds(tokens * self.profile.kv_bytes_per_token, t.bandwidth[i, j], t.latency[i, j])
+
+    # -- run ----------------------------------------------------------------------------------
+    def run(self, requests: list[SimRequest], time_scale: float = 1.0) -> RunResult:
+        wall = time.perf_counter()
+        for r in requests:
+            self._at(r.arrival_s / time_scale, ARRIVE, r)
+        self._pending_arrivals = len(requests)
+        self._unfinished = len(requests)
+        self._at(0.0, SAMPLE)
+        self._at(self.tick_interval_s, TICK)
+        handlers = {ARRIVE: self._arrive, PREFILL_DONE: self._prefill_done, KV_LANDED: self._kv_landed,
+                    DECODE_TICK: self._decode_tick, REPORT: self._report, COPY_DONE: self._copy_done,
+                    SAMPLE: self._sample, TICK: self._tick}
+        while self._heap and self._unfinished > 0:
+            t, _, kind, payload = heapq.heappop(self._heap)
+            self.now = t
+            handlers[kind](payload)
+        busy = sum(p.busy_s for p in self.prefill)
+        span = max(self.now, 1e-9)
+        pl = self.core.planner
+        return RunResult(
+            policy=self.policy_name, outcomes=self.outcomes, imbalance=self.imbalance,
+            decision_latency_s=self.latencies, branches=self.branches, rejected=self.rejected,
+            migrations={"started": pl.started, "finished": pl.finished, "failed": pl.failed},
+            fetches=self.fetches, copy_bytes=self.copy_bytes,
+            wall_s=time.perf_counter() - wall, busy_share=busy / (len(self.prefill) * span))
+
+    # -- handlers -----------------------------------------------------------------------------
+    def _arrive(self, req: SimRequest) -> None:
+        self._pending_arrivals -= 1
+        try:
+            d = self.core.route(req.request_id, req.token_ids())
+        except AdmissionRejected:
+            self.rejected += 1
+            self._unfinished -= 1
+            return
+        self.latencies.append(d.latency_s)
+        self.branches[d.branch] = self.branches.get(d.branch, 0) + 1
+        out = Outcome(req, arrival=self.now, prefill=d.prefill_node, decode=d.decode_node, branch=d.branch,
+                      predicted_cached=d.predicted_cached_tokens)
+        self.outcomes.append(out)
+        dec = self.nodes[d.decode_node]
+        dec.inflight += 1
+        job = Job(out, dec)
+        target = self.nodes[d.prefill_node]
+        if d.fetch is not None:
+            self.fetches += 1
+            self._copy(d.fetch.source, d.fetch.target, req, d.fetch.num_tokens, job)
+        else:
+            target.enqueue(job)
+            self._dirty(target.name)
+            self._kick(target)
+        for plan in self.core.take_migrations():
+            self._migrate(plan)
+
+    def _kick(self, node: SimPrefillNode) -> None:
+        started = node.start_next(self.now)
+        if started is not None:
+            job, end = started
+            self._at(end, PREFILL_DONE, node)
+
+    def _prefill_done(self, node: SimPrefillNode) -> None:
+        job = node.finish(self.now)
+        out = job.out
+        self.core.observe_prefill(job.n_new, out.cached, self.now - out.prefill_start, node.name)
+        arrive = node.nic.send(self.now, self._transfer_s(node.name, job.decode.name, out.req.input_len),
+                               out.req.input_len * self.profile.kv_bytes_per_token)
+        self._at(arrive, KV_LANDED, job)
+        self._dirty(node.name)
+        self._kick(node)
+
+    def _kv_landed(self, job: Job) -> None:
+        out = job.out
+        out.first_token = self.now
+        dec = job.decode
+        for done in dec.advance(self.now):
+            self._finished(done)
+        dec.arrive(out, self.now)
+        if out.req.output_len <= 1:
+            self._finished(out)
+        self._schedule_decode(dec)
+        self._dirty(dec.name)
+
+    def _decode_tick(self, payload) -> None:
+        dec, version = payload
+        if version != dec.version:
+            return
+        for done in dec.advance(self.now):
+            self._finished(done)
+        self._schedule_decode(dec)
+        self._dirty(dec.name)
+
+    def _schedule_decode(self, dec: SimDecodeNode) -> None:
+        dec.version += 1
+        t = dec.next_completion()
+        if t is not None:
+            self._at(max(t, self.now), DECODE_TICK, (dec, dec.version))
+
+    def _finished(self, out: Outcome) -> None:
+        self._unfinished -= 1
+        self.core.report_delivered(out.req.request_id, out.cached)
+        out.req.drop_tokens()
+
+    def _report(self, name: str) -> None:
+        self._report_due.discard(name)
+        node = self.nodes[name]
+        if isinstance(node, SimPrefillNode):
+            if node.events:
+                self.core.report_kv_events(KVEventBatch(name, tuple(node.events)))
+                node.events.clear()
+            cache_blocks = node.cache.capacity
+            r = LoadReport(name, "prefill", queued_prefill_tokens=node.queued_tokens, waiting=len(node.queue),
+                           running=1 if node.current else 0, free_blocks=cache_blocks - len(node.cache),
+                           total_blocks=cache_blocks, cached_blocks=len(node.cache),
+                           step_time_s=node.step_ewma, prefill_tokens_per_s=node.speed_ewma, timestamp=self.now)
+        else:
+            node.advance(self.now)
+            bs = self.block_size
+            r = LoadReport(name, "decode", queued_prefill_tokens=0, waiting=len(node.waiting),
+                           running=len(node.running), free_blocks=int(node.free_tokens // bs),
+                           total_blocks=int(self.profile.decode_kv_tokens // bs), cached_blocks=0,
+                           inflight=node.inflight, step_time_s=node.step_s, timestamp=self.now)
+        self.core.report_load(r)
+
+    # -- copies -------------------------------------------------------------------------------
+    def _copy(self, source: str, target: str, req_tokens, num_tokens: int, job: Job | None) -> None:
+        """Copy the leading blocks of a prefix from source to target (what the source still holds
+        when asked), through the source's NIC; then `job` (a fetch's request) joins the target."""
+        src = self.nodes[source]
+        if isinstance(req_tokens, SimRequest):
+            hashes = req_tokens.block_hashes(self.block_size)
+            tokens = req_tokens.token_ids()
+        else:
+            hashes, tokens = req_tokens
+        n_blocks = min(num_tokens // self.block_size, len(hashes))
+        have = src.cache.match(hashes[:n_blocks]) if isinstance(src, SimPrefillNode) else 0
+        ntok = have * self.block_size
+        self.copy_bytes += ntok * self.profile.kv_bytes_per_token
+        done = src.nic.send(self.now, self._transfer_s(source, target, ntok), ntok * self.profile.kv_bytes_per_token)
+        self._at(done, COPY_DONE, (target, hashes[:have], tokens[:ntok], job))
+        if job is not None:
+            job.out.fetched = ntok
+
+    def _copy_done(self, payload) -> None:
+        target, hashes, tokens, job = payload
+        node = self.nodes[target]
+        if hashes:
+            node.hold_prefix(list(hashes), tokens)
+        if job is not None:
+            node.enqueue(job)
+            self._kick(node)
+        self._dirty(target)
+
+    def _migrate(self, plan: MigrationPlan) -> None:
+        from engine.block_hash import chained_block_hashes
+
+        tokens = list(plan.token_ids)
+        hashes = chained_block_hashes(tokens, self.block_size)
+        self._copy(plan.source, plan.target, (hashes, tokens), plan.num_tokens, None)
+
+    # -- periodic -----------------------------------------------------------------------------
+    def _sample(self, _) -> None:
+        q = np.fromiter((p.queued_tokens for p in self.prefill), dtype=float, count=len(self.prefill))
+        m = q.mean()
+        if m > 0:
+            self.imbalance.append(float(q.max() / m))
+        if self._pending_arrivals > 0:
+            self._at(self.now + self.sample_interval_s, SAMPLE)
+
+    def _tick(self, _) -> None:
+        res = self.core.tick()
+        del res
+        for plan in self.core.take_migrations():
+            self._migrate(plan)
+        if self._unfinished > 0:
+            self._at(self.now + self.tick_interval_s, TICK)
+
+
+def _interleave(p: int, d: int) -> list[int]:
+    """Indices into [prefill..., decode...] spreading the smaller pool evenly among the larger."""
+    order, i, j = [], 0, 0
+    total = p + d
+    for k in range(total):
+        if j >= d or (i < p and i * d <= j * p):
+            order.append(i)
+            i += 1
+        else:
+            order.append(p + j)
+            j += 1
+    return order

@@ -1,0 +1,63 @@
+"""ConductorLink: keeps the Conductor's view of one node current.
+
+Runs as a task on the node actor's event loop: registers the node (with its own actor handle, so the
+Conductor can ask for a KV snapshot or a prefix copy), then every `interval_s` sends the KV events the
+engine produced since the last batch, and every `load_every_s` a LoadReport, which is also the node's
+heartbeat. A Conductor that is briefly unreachable costs nothing but staleness: events are kept and
+re-sent, and a lost batch shows up as a sequence gap, which makes the Conductor ask for a snapshot.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+class ConductorLink:
+    def __init__(self, node, conductor, self_handle, interval_s: float = 0.1, load_every_s: float = 0.5,
+                 call_timeout_s: float = 10.0):
+        self.node = node
+        self.conductor = conductor
+        self.self_handle = self_handle
+        self.interval_s = interval_s
+        self.load_every_s = load_every_s
+        self.call_timeout_s = call_timeout_s
+        self.registered = False
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def register(self) -> None:
+        info = await self.node.ready()
+        await self._call(self.conductor.register_node.remote(
+            self.node.name, self.node.role, self.node.host, self.self_handle, info.get("bootstrap_address", "")))
+        self.registered = True
+
+    async def _run(self) -> None:
+        last_load = 0.0
+        while True:
+            try:
+                if not self.registered:
+                    await self.register()
+                batch = await self.node.drain_kv_events()
+                if batch.events:
+                    await self._call(self.conductor.report_kv_events.remote(batch))
+                if time.monotonic() - last_load >= self.load_every_s:
+                    await self._call(self.conductor.report_load.remote(await self.node.load_report()))
+                    last_load = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the Conductor may restart; keep the node serving
+                log.warning("conductor link of %s: %s", self.node.name, e)
+                self.registered = False
+            await asyncio.sleep(self.interval_s)
+
+    async def _call(self, ref):
+        return await asyncio.wait_for(ref, self.call_timeout_s)
