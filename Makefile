@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The OpenAI-compatible endpoint on http://127.0.0.1:8000/v1 (1 prefill + 1 decode node); Ctrl-C stops it.
 run: $(STAMP)
-	$(VENV)/bin/raypd generate --max-tokens 48 "What is the capital of France?" "Write a haiku about the sea."
+	$(VENV)/bin/raypd serve
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

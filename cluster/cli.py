@@ -6,12 +6,14 @@ import sys
 
 from cluster.bench_cmd import add_bench_parser
 from cluster.generate_cmd import add_generate_parser
+from cluster.serve_cmd import add_serve_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raypd", description="Ray-based LLM serving with prefill/decode disaggregation")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(sub)
+    add_serve_parser(sub)
     add_bench_parser(sub)
     return parser
 

@@ -1,0 +1,99 @@
+"""Request bodies of the OpenAI API that the ingress serves, as pydantic models.
+
+Strict on purpose: a wrong-typed field (a string for max_tokens, 1.5 for n) is a 400, not a silent
+coercion, and an unknown field is a 400 as the OpenAI API answers it, so a typo such as `max_token`
+never passes unnoticed. Fields the API defines but raypd cannot honour are declared, so the ingress
+can reject them by name with a reason (see openai_params.py) instead of "unrecognized argument".
+Numeric ranges the engine knows (temperature, top_p, penalties) are checked by SamplingParams; the
+bounds here are the ones that must hold before anything is computed (n, seed width, stop count).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Seeds seed torch.Generator, which takes any value that fits in 64 bits.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+MAX_N = 16
+MAX_STOP_STRINGS = 4
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(BaseModel):
+    """Any other content part (image_url, input_audio, ...): accepted by the schema so the ingress
+    can answer 'only text content is supported' instead of a schema error."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | OtherPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ResponseFormat(_Strict):
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class _SamplingFields(_Strict):
+    """What chat and completions requests share."""
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: Seed | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Extensions in the style of vLLM's OpenAI server: the engine supports them, and tests need
+    # ignore_eos to hold a request open.
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # the sampler builds an int64 tensor of it
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: Annotated[list[int], Field(max_length=64)] | None = None
+    ignore_eos: bool = False
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    # A string, a batch of strings, token ids, or a batch of token-id lists (as the OpenAI API).
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
