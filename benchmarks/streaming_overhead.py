@@ -6,15 +6,17 @@ fast as it can; the thread sleeps, so it does not take a core the way a real dec
 caller is this process (the Ray driver, an asyncio loop like a Serve ingress): one coroutine per
 stream, each timestamping the tokens it receives. Every path sends one request per stream to the
 actor with a Ray call, as a real ingress would, and every path coalesces what queued up meanwhile:
-- ray: the node's own design (node/streams.py). The engine thread pushes (token, t) into an
-  asyncio.Queue per stream with loop.call_soon_threadsafe; the stream's async generator method
-  yields everything queued since its last yield as one item; the caller does
+- ray: the nodes' first design (a StreamHub in node/streams.py, replaced by zmq after this
+  benchmark). The engine thread pushes (token, t) into an asyncio.Queue per stream with
+  loop.call_soon_threadsafe; the stream's async generator method yields everything queued since its
+  last yield as one item; the caller does
   `async for ref in actor.ray_stream.remote(...): item = await ref`. Items are plain tuples (a
   class defined in __main__ would be pickled by value with every item).
-- zmq: per step, one msgpack message per destination socket carrying every stream bound there
-  ([t, request ids, tokens]; here one caller, so one message per step), sent by the engine thread on
-  a PUSH socket connected to the caller's PULL socket (tcp on 127.0.0.1). A dispatcher coroutine in
-  the caller decodes and routes tokens to per-stream asyncio.Queues, drained the same way.
+- zmq (what node/streams.py and cluster/token_receiver.py do now): per step, one msgpack message
+  per destination socket carrying every stream bound there ([t, request ids, tokens]; here one
+  caller, so one message per step), sent by the engine thread on a PUSH socket connected to the
+  caller's PULL socket (tcp on 127.0.0.1). A dispatcher coroutine in the caller decodes and routes
+  tokens to per-stream asyncio.Queues, drained the same way.
 - zmq-stream: zmq with one message per stream per step: as many messages as ray, so ray vs
   zmq-stream compares the cost of a message.
 - ray-mux: one Ray streaming generator per caller for all its streams, one call_soon_threadsafe per

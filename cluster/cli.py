@@ -7,6 +7,7 @@ import sys
 from cluster.bench_cmd import add_bench_parser
 from cluster.generate_cmd import add_generate_parser
 from cluster.serve_cmd import add_serve_parser
+from cluster.status_cmd import add_status_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_status_parser(sub)
     return parser
 
 

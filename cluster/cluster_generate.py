@@ -36,8 +36,8 @@ def spec_from_args(args) -> ClusterSpec:
 def generate_on_cluster(args, prompts: list, params: SamplingParams) -> list[CompletionOutput]:
     tokenizer = Tokenizer(resolve_model(args.model))
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    with NodeCluster.start(spec_from_args(args), address=args.address) as cluster:
-        driver = RequestDriver(cluster.nodes, chunk_timeout_s=args.timeout)
+    with NodeCluster.start(spec_from_args(args), address=args.address) as cluster, \
+            RequestDriver(cluster.nodes, chunk_timeout_s=args.timeout) as driver:
         results = asyncio.run(_run_all(driver, encoded, params))
     outputs = []
     for i, (ids, (tokens, final)) in enumerate(zip(encoded, results)):

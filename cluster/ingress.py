@@ -12,6 +12,7 @@ from ray import serve
 
 from cluster.ingress_app import build_app
 from cluster.ingress_generation import Generator
+from cluster.conductor_route import ConductorRouter
 from cluster.ingress_route import RoundRobinRouter
 from cluster.ingress_service import OpenAIService
 from cluster.openai_params import ModelLimits
@@ -44,8 +45,9 @@ class OpenAIIngress:
             default_max_tokens=config.default_max_tokens)
         driver = RequestDriver(nodes, chunk_timeout_s=config.chunk_timeout_s)
         self.driver = driver
-        self.service = OpenAIService(tokenizer, limits, Generator(driver, RoundRobinRouter(driver), tokenizer.hf),
-                                     nodes)
+        conductor = await node_pool.conductor.remote()
+        router = ConductorRouter(conductor, nodes) if conductor is not None else RoundRobinRouter(driver)
+        self.service = OpenAIService(tokenizer, limits, Generator(driver, router, tokenizer.hf), nodes)
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):

@@ -13,20 +13,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.api_errors import APIError, MethodNotAllowed, NotFound, api_error, from_validation_errors
 from cluster.ingress_guard import GuardMiddleware
+from cluster.ingress_metrics import IngressMetrics, MetricsMiddleware, record_of
 from cluster.ingress_service import OpenAIService
 from cluster.openai_requests import ChatCompletionRequest, CompletionRequest
 
 
-def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, replica: str = "") -> FastAPI:
+def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, replica: str = "",
+              metrics: IngressMetrics | None = None) -> FastAPI:
     app = FastAPI(title="raypd", description="OpenAI-compatible endpoint of a raypd cluster")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _guarded(service.chat(parse_body(await request.body(), ChatCompletionRequest)))
+        body = parse_body(await request.body(), ChatCompletionRequest)
+        return await _guarded(service.chat(body, record_of(request.state)))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _guarded(service.completions(parse_body(await request.body(), CompletionRequest)))
+        body = parse_body(await request.body(), CompletionRequest)
+        return await _guarded(service.completions(body, record_of(request.state)))
 
     @app.get("/v1/models")
     async def models():
@@ -62,6 +66,8 @@ def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, 
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
     if replica:
         app.add_middleware(ReplicaTag, replica=replica)
+    # Added last, so outermost: it also counts the requests the guard refuses (401, 413).
+    app.add_middleware(MetricsMiddleware, metrics=metrics or IngressMetrics())
     return app
 
 

@@ -68,6 +68,8 @@ class Generator:
             async for chunk in stream:
                 generated += len(chunk.token_ids)
                 cached = chunk.num_cached_tokens or cached
+                if chunk.finished and not chunk.error:
+                    await self.router.delivered(request_id, chunk.num_cached_tokens)
                 if chunk.finished and (chunk.error or chunk.finish_reason not in ("stop", "length")):
                     raise ServiceUnavailable(f"the request failed on the cluster: "
                                              f"{chunk.error or chunk.finish_reason}", code="node_failure")

@@ -1,8 +1,7 @@
 """The ingress's one routing seam: which prefill and decode node serve a request.
 
-Today the answer is the RequestDriver's round-robin. The Conductor replaces it by implementing
-Router.route() (ask the Conductor actor for a decision, return its nodes); nothing else in the
-ingress changes. A router may raise:
+RoundRobinRouter is the driver's round-robin (no Conductor); cluster/conductor_route.py's
+ConductorRouter asks the Conductor actor, and is what `raypd serve` uses when it runs one. A router may raise:
   - conductor.errors.AdmissionRejected: the SLO admission said no         -> HTTP 429
   - cluster.request_driver.NoNodeError / conductor.errors.NoCandidateError -> HTTP 503
 (api_errors.api_error maps them.)
@@ -29,6 +28,10 @@ class Router:
 
     async def route(self, request_id: str, prompt_token_ids: Sequence[int]) -> Route:
         raise NotImplementedError
+
+    async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
+        """The request's prefill ran and served num_cached_tokens from cache (routers that predict it
+        use this to check themselves)."""
 
 
 class RoundRobinRouter(Router):

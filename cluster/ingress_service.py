@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.api_errors import BadRequest, ServiceUnavailable
 from cluster.ingress_generation import Generator
+from cluster.ingress_metrics import RequestRecord, track
 from cluster.node_handles import NodeHandle
 from cluster.openai_params import ModelLimits, PreparedRequest, chat_messages, check_supported, prepare
 from cluster.openai_render import Kind, Renderer
@@ -33,7 +34,7 @@ class OpenAIService:
         self.nodes = nodes
         self.created = int(time.time())
 
-    async def chat(self, req: ChatCompletionRequest) -> Response:
+    async def chat(self, req: ChatCompletionRequest, rec: RequestRecord | None = None) -> Response:
         self._check(req)
         messages = chat_messages(req)
         try:
@@ -42,9 +43,9 @@ class OpenAIService:
             raise
         except Exception as e:  # noqa: BLE001 - a Jinja template may raise anything on odd messages
             raise BadRequest(f"the model's chat template rejected the messages: {e}", "messages") from e
-        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits))
+        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits), rec=rec)
 
-    async def completions(self, req: CompletionRequest) -> Response:
+    async def completions(self, req: CompletionRequest, rec: RequestRecord | None = None) -> Response:
         self._check(req)
         prompts = self._completion_prompts(req.prompt)
         prepared = prepare(req, prompts, self.limits)
@@ -52,7 +53,7 @@ class OpenAIService:
         if req.echo:
             echo = [p if isinstance(p, str) else self.tokenizer.decode(ids)
                     for p, ids in zip(_as_list(req.prompt), prompts)]
-        return await self._respond("completion", "cmpl", req, prepared, echo)
+        return await self._respond("completion", "cmpl", req, prepared, echo, rec)
 
     def models(self) -> dict:
         card = ModelCard(id=self.limits.name, created=self.created, max_model_len=self.limits.context_len)
@@ -92,14 +93,14 @@ class OpenAIService:
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
 
     async def _respond(self, kind: Kind, prefix: str, req, prepared: PreparedRequest,
-                       echo: list[str] | None = None) -> Response:
+                       echo: list[str] | None = None, rec: RequestRecord | None = None) -> Response:
         if len(prepared.jobs) > MAX_GENERATIONS:
             raise BadRequest(f"prompts x n is {len(prepared.jobs)}; at most {MAX_GENERATIONS} per request", "n")
         rid = f"{prefix}-{uuid.uuid4().hex}"
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         renderer = Renderer(kind, rid, self.limits.name, int(time.time()), [len(p) for p in prepared.prompts],
                             req.n, include_usage)
-        events = self.generator.run(rid, prepared, echo)
+        events = track(rec, self.generator.run(rid, prepared, echo), prepared, echo)  # metrics, if recorded
         if not req.stream:
             return JSONResponse(await renderer.collect(events))
         # Wait for the first event before answering, so routing and early node failures still get

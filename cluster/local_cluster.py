@@ -44,6 +44,11 @@ class ClusterSpec:
     prealloc_timeout_s: float | None = None  # decode: wait for KV memory; None = the bootstrap timeout
     start_timeout_s: float = 300.0
     name_prefix: str = "raypd"
+    # Routing: None = the driver's round-robin, no Conductor; else a Conductor policy name
+    # (round_robin, least_loaded, cache_aware, cost) and optionally a topology YAML file.
+    policy: str | None = None
+    topology_file: str | None = None
+    conductor_options: dict = field(default_factory=dict)  # ConductorConfig fields
 
     def __post_init__(self) -> None:
         if min(self.prefill_nodes, self.decode_nodes, self.mixed_nodes) < 0:
@@ -63,6 +68,7 @@ class NodeCluster:
         self.nodes: list[NodeHandle] = []
         self._started_ray = started_ray
         self._counters: dict[str, int] = {}
+        self.conductor = None  # the Conductor actor handle when spec.policy is set
 
     @classmethod
     def start(cls, spec: ClusterSpec, address: str | None = None) -> NodeCluster:
@@ -77,6 +83,8 @@ class NodeCluster:
                 started_ray = True
         cluster = cls(spec, started_ray)
         try:
+            if spec.policy is not None:
+                cluster.conductor = _start_conductor(spec)
             cluster.add_nodes(spec.roles())
         except BaseException:
             cluster.stop()
@@ -101,6 +109,9 @@ class NodeCluster:
             raise
         handles = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""))
                    for (name, role, actor), info in zip(created, infos)]
+        if self.conductor is not None:
+            # Nodes register themselves (with their own handle) and then stream KV events and loads.
+            ray.get([h.actor.attach_conductor.remote(self.conductor) for h in handles], timeout=60)
         self.nodes.extend(handles)
         return handles
 
@@ -122,6 +133,9 @@ class NodeCluster:
         for n in self.nodes:
             ray.kill(n.actor)
         self.nodes = []
+        if self.conductor is not None:
+            ray.kill(self.conductor)
+            self.conductor = None
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
@@ -131,6 +145,20 @@ class NodeCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _start_conductor(spec: ClusterSpec):
+    from dataclasses import replace
+
+    from conductor.actor import start_conductor
+    from conductor.config import ConductorConfig
+
+    from conductor.topology import Topology
+
+    config = replace(ConductorConfig(), policy=spec.policy, **spec.conductor_options)
+    # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
+    topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
+    return start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
 
 
 def _create_actor(spec: ClusterSpec, role: str, name: str, engine_options: dict, transfer_options: dict):

@@ -1,9 +1,12 @@
 """RequestDriver: drives one request through the nodes chosen for it and streams its tokens back.
 
-PD: mint the room id, start the prefill (its result carries the prefill-side timings), open the decode
-node's token stream, and relay chunks until the final one. Mixed: open the mixed node's stream.
-Whatever happens - a node dies, a chunk does not come within chunk_timeout_s, the caller stops
-reading - the caller gets a final chunk, and both nodes are told to abort a request that did not end.
+PD: mint the room id, start the prefill (its result carries the prefill-side timings), call the
+decode node's generate(), and relay its tokens until the final chunk. Mixed: the same with a mixed
+node's generate(). Tokens come over pyzmq to the driver's one TokenReceiver (one message per engine
+step per caller: the measured cheap path, see node/streams.py); the request's end and a node's
+death come over Ray, as the generate() call's return or error. Whatever happens - a node dies,
+nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
+final chunk, and both nodes are told to abort a request that did not end there.
 Nodes are picked round-robin until the Conductor routes.
 """
 from __future__ import annotations
@@ -12,11 +15,13 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 
 import ray
 
 from cluster.node_handles import NodeHandle
+from cluster.token_receiver import TokenReceiver
 from engine.sampling_params import SamplingParams
 from node.messages import NodeRequest, PrefillResult, TokenChunk
 
@@ -28,12 +33,21 @@ class NoNodeError(RuntimeError):
 
 
 class RequestDriver:
-    def __init__(self, nodes: Sequence[NodeHandle], chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0):
+    """Run requests on the given nodes from one event loop at a time; close() frees the token socket.
+
+    reply_host: the address nodes send tokens to (default: this process's Ray node IP).
+    stream_tail_s: after a node's generate() returned, how long tokens it counted may still take to
+    arrive before the request ends with a "lost tokens" error."""
+
+    def __init__(self, nodes: Sequence[NodeHandle], chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
+                 reply_host: str | None = None, stream_tail_s: float = 10.0):
         self.prefill = [n for n in nodes if n.role == "prefill"]
         self.decode = [n for n in nodes if n.role == "decode"]
         self.mixed = [n for n in nodes if n.role == "mixed"]
         self.chunk_timeout_s = chunk_timeout_s
         self.prefill_wait_s = prefill_wait_s
+        self.stream_tail_s = stream_tail_s
+        self.receiver = TokenReceiver(reply_host)
         self._rr = {role: itertools.cycle(nodes) for role, nodes in
                     (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed)) if nodes}
 
@@ -46,66 +60,59 @@ class RequestDriver:
             raise NoNodeError(f"no {role} node is running")
         return next(self._rr[role])
 
+    def close(self) -> None:
+        self.receiver.close()
+
+    def __enter__(self) -> RequestDriver:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                        prefill: NodeHandle | None = None, decode: NodeHandle | None = None) -> AsyncIterator[TokenChunk]:
         if self.mode == "mixed":
-            async for chunk in self._generate_mixed(request_id, prompt_token_ids, params):
-                yield chunk
+            node = prefill if prefill is not None and prefill.role == "mixed" else self.pick("mixed")
+            req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
+                              reply_address=self.receiver.address)
+            async with aclosing(self._relay(node, req, also_abort=None)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             return
         prefill = prefill or self.pick("prefill")
         decode = decode or self.pick("decode")
         req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
-                          bootstrap_address=prefill.bootstrap_address)
+                          bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address)
         prefill_ref = prefill.actor.prefill.remote(req)
-        stream = decode.actor.generate.remote(req)
         final: TokenChunk | None = None
-        try:
-            async for chunk in self._relay(stream, request_id, decode.name):
+        async with aclosing(self._relay(decode, req, also_abort=(prefill, prefill_ref))) as chunks:
+            async for chunk in chunks:  # closed at once if our caller stops reading: that aborts
                 if chunk.finished:
                     final = chunk
-                    break
-                yield chunk
-        finally:
-            if final is None:  # the caller stopped reading, or we failed: abort on both nodes
-                _fire(prefill.actor.abort.remote(request_id))
-                _fire(decode.actor.abort.remote(request_id))
-                _fire(prefill_ref)
+                else:
+                    yield chunk
+        assert final is not None  # relay() always ends with a final chunk
         yield await self._with_prefill_timings(final, prefill_ref)
 
-    async def _generate_mixed(self, request_id, prompt_token_ids, params) -> AsyncIterator[TokenChunk]:
-        node = self.pick("mixed")
-        req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params)
-        stream = node.actor.generate.remote(req)
-        finished = False
+    async def _relay(self, node: NodeHandle, req: NodeRequest,
+                     also_abort: tuple[NodeHandle, ray.ObjectRef] | None) -> AsyncGenerator[TokenChunk, None]:
+        """The request's chunks from node.generate(), the last one final. If the request did not end
+        on the node (the caller stopped reading, a timeout, an error here), abort it there and on
+        `also_abort`, the prefill side: (node, its prefill() ref)."""
+        stream = self.receiver.open(req.request_id)
+        end = node.actor.generate.remote(req)
         try:
-            async for chunk in self._relay(stream, request_id, node.name):
-                finished = chunk.finished
-                yield chunk
-                if finished:
-                    return
+            async with aclosing(stream.relay(end, node.name, self.chunk_timeout_s, self.stream_tail_s)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
-            if not finished:
-                _fire(node.actor.abort.remote(request_id))
-
-    async def _relay(self, stream, request_id: str, node_name: str) -> AsyncIterator[TokenChunk]:
-        """Chunks of a node's stream; a dead node or a silent one becomes a final error chunk."""
-        while True:
-            try:
-                ref = await asyncio.wait_for(stream.__anext__(), self.chunk_timeout_s)
-                chunk = await asyncio.wait_for(ref, self.chunk_timeout_s)
-            except StopAsyncIteration:
-                yield TokenChunk(request_id, (), finished=True, error=f"node {node_name} ended the stream early")
-                return
-            except asyncio.TimeoutError:
-                yield TokenChunk(request_id, (), finished=True,
-                                 error=f"no token from node {node_name} within {self.chunk_timeout_s:.0f}s")
-                return
-            except ray.exceptions.RayError as e:
-                yield TokenChunk(request_id, (), finished=True, error=f"node {node_name} failed: {type(e).__name__}")
-                return
-            yield chunk
-            if chunk.finished:
-                return
+            stream.close()
+            if not stream.node_done:
+                _fire(node.actor.abort.remote(req.request_id))
+                if also_abort is not None:
+                    prefill, prefill_ref = also_abort
+                    _fire(prefill.actor.abort.remote(req.request_id))
+                    _fire(prefill_ref)
 
     async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> TokenChunk:
         """Merge the prefill node's phase timings into the final chunk (bounded wait: the decode side

@@ -51,6 +51,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--default-max-tokens", type=int, default=None,
                    help="output cap for requests that set none (default: the rest of the context)")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard (local Ray only)")
+    p.add_argument("--metrics-export-port", type=int, default=None,
+                   help="Ray's Prometheus endpoint port, e.g. 8080: not in 10002-19999 (local Ray only)")
     p.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
     e = p.add_argument_group("engine")
     e.add_argument("--num-blocks", type=int, default=None, help="KV blocks per node (default: from memory)")
@@ -94,6 +96,12 @@ def check_port_free(host: str, port: int) -> None:
             raise ServeStartError(f"{host}:{port} {reason}; pick another with --port") from None
 
 
+def check_metrics_port(port: int | None) -> None:
+    # Ray gives workers ports 10002-19999; an export port in that range makes Ray fail to start.
+    if port is not None and not (0 < port < 10002 or 19999 < port < 65536):
+        raise ServeStartError(f"--metrics-export-port {port} is in Ray's worker port range 10002-19999")
+
+
 def run_serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="raypd serve: %(message)s", stream=sys.stderr)
     from cluster.serve_config import ServeConfigError
@@ -103,6 +111,7 @@ def run_serve(args) -> int:
     try:
         config = config_from_args(args)
         check_port_free(args.host, args.port)
+        check_metrics_port(args.metrics_export_port)
         resolve_model(config.model)  # model not found -> one line now; converts a GGUF once, for every process
     except (ServeConfigError, ServeStartError, EngineError) as e:
         print(f"raypd serve: error: {e}", file=sys.stderr)
@@ -158,6 +167,11 @@ class Server:
                  self.config.model_name(), ", API key required" if self.config.api_key else "")
         dashboard = getattr(ctx, "dashboard_url", None)
         log.info("Ray dashboard: %s", f"http://{dashboard}" if dashboard else "not running")
+        gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address")
+        if gcs:
+            log.info("Ray cluster: %s", gcs)
+        if self.args.metrics_export_port and self.started_ray:
+            log.info("Prometheus metrics: http://127.0.0.1:%d/metrics", self.args.metrics_export_port)
         log.info("ready; Ctrl-C stops everything")
 
     def _init_ray(self):
@@ -171,6 +185,8 @@ class Server:
         c = self.config
         need = (c.prefill_nodes + c.decode_nodes + c.mixed_nodes) * c.cpus_per_node + c.ingress_cpus * c.ingress_replicas
         self.started_ray = True
+        if self.args.metrics_export_port:
+            common["_metrics_export_port"] = self.args.metrics_export_port
         return ray.init(num_cpus=max(math.ceil(need), os.cpu_count() or 1), include_dashboard=not self.args.no_dashboard,
                         dashboard_host="127.0.0.1", **common)
 

@@ -27,8 +27,7 @@ class ServeConfig:
     gpus_per_node: float = 0.0
     engine_options: dict = field(default_factory=dict)
     transfer_options: dict = field(default_factory=dict)
-    # Routing policy the Conductor will use; until it lands the ingress routes round-robin and
-    # only passes this on.
+    # Routing policy of the Conductor actor the node pool starts; the ingress routes through it.
     policy: str = "cost"
     topology: str | None = None           # topology file for the Conductor (passed through)
     api_key: str | None = None
@@ -87,4 +86,5 @@ class ServeConfig:
         return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,
                            mixed_nodes=self.mixed_nodes, model=self.model, engine_options=dict(self.engine_options),
                            transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
-                           gpus_per_node=self.gpus_per_node, name_prefix=self.app_name)
+                           gpus_per_node=self.gpus_per_node, name_prefix=self.app_name, policy=self.policy,
+                           topology_file=self.topology)

@@ -34,6 +34,10 @@ class NodePool:
     async def nodes(self) -> list[NodeHandle]:
         return list(self.cluster.nodes)
 
+    async def conductor(self):
+        """The Conductor actor handle (None when the pool runs without one)."""
+        return self.cluster.conductor
+
     async def __del__(self):
         cluster = getattr(self, "cluster", None)  # None when the constructor failed: nothing started
         if cluster is not None:

@@ -108,6 +108,11 @@ class Conductor:
             self._start_migrations()
         return d
 
+    async def copy_prefix(self, source: str, target: str, token_ids: Sequence[int]) -> tuple[bool, str]:
+        """Replicate a cached prefix from `source` to `target` now (an operator's forced migration);
+        (ok, error). The index learns of the copy from the target's own KV events."""
+        return await self._copy(source, target, list(token_ids))
+
     async def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
         return self.core.recent_decisions(n)
 

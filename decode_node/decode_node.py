@@ -14,7 +14,8 @@ the caller minted (the prefill node knows the same id).
     abort in TRANSFER ─> ABORTING (receiver aborts the room) ─room terminal─> final chunk "abort"
 
 Reserved blocks are freed only when the room is terminal: until then the prefill node may be writing.
-Every path ends with exactly one final chunk, so a caller is never left waiting in silence.
+Every path ends with exactly one final chunk, so a caller is never left waiting in silence. Tokens go
+to req.reply_address over pyzmq (node/streams.py); generate() returns the StreamEnd over Ray.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from engine.errors import InvalidRequestError
 from engine.outputs import StepOutput
 from kvtransfer import KVReceiver, TransferConfig, TransferState
 from node.aux_slots import AuxSlots
-from node.messages import NodeRequest, TokenChunk
+from node.messages import NodeRequest, StreamEnd, TokenChunk
 from node.node_base import NodeBase
 
 log = logging.getLogger(__name__)
@@ -72,20 +73,11 @@ class DecodeNode(NodeBase):
         self.loop.start()
 
     # -- Ray-callable ---------------------------------------------------------------------------------
-    async def generate(self, req: NodeRequest):
-        """Ray streaming generator of TokenChunks for a request whose prefill runs on the node at
-        req.bootstrap_address; the last chunk is final."""
-        q = self.streams.open(req.request_id)
-        finished = False
-        try:
-            self.loop.call(self._add, req)
-            async for chunk in self.streams.read(q):
-                finished = chunk.finished
-                yield chunk
-        finally:
-            self.streams.close(req.request_id)
-            if not finished:  # the caller went away: free what the request holds
-                self.loop.call(self._abort, req.request_id)
+    async def generate(self, req: NodeRequest) -> StreamEnd:
+        """Decode a request whose prefill runs on the node at req.bootstrap_address, streaming its
+        tokens to req.reply_address; return once it ended (the final chunk and how many tokens the
+        stream carried)."""
+        return await self._stream_request(req, self._add, self._abort)
 
     async def abort(self, request_id: str) -> None:
         await self.loop.acall(self._abort, request_id)

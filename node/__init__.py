@@ -3,9 +3,9 @@ messages, and MixedNode (prefill and decode on one actor, the colocated baseline
 
 | module          | one sentence |
 |-----------------|--------------|
-| messages.py     | dataclasses that cross actor boundaries: NodeRequest, TokenChunk, PrefillResult, LoadReport, HostInfo |
+| messages.py     | dataclasses that cross actor boundaries: NodeRequest, TokenChunk (and its msgpack wire form), StreamEnd, PrefillResult, LoadReport, HostInfo |
 | engine_loop.py  | EngineLoop: the one thread that owns the LLMEngine; other threads hand it calls |
-| streams.py      | StreamHub: per-request asyncio queues fed from the engine thread, coalescing tokens |
+| streams.py      | TokenStreams: tokens to callers over pyzmq, one msgpack message per engine step per caller; Reply: a one-shot answer to the event loop |
 | host.py         | host_info(): the Ray node id and IP an actor runs on |
 | aux_slots.py    | the per-request aux record (first token, cached tokens, prompt length) and its slot pool |
 | node_base.py    | NodeBase: engine + loop + streams + KV events + load report, shared by every role |

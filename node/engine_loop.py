@@ -61,6 +61,10 @@ class EngineLoop:
     async def acall(self, fn: Callable, *args, timeout: float = 60.0):
         return await asyncio.wait_for(asyncio.wrap_future(self.call(fn, *args)), timeout)
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._wake.set()

@@ -1,12 +1,15 @@
 """What crosses an actor boundary between the caller (launcher, ingress), the nodes and the Conductor.
 
-Plain frozen dataclasses: Ray serializes them between trusted actors; nothing here is unpickled
-from the network (the KV bytes and the bootstrap handshake go through kvtransfer's msgpack schema).
+Plain frozen dataclasses: Ray serializes them between trusted actors. Token streams go over pyzmq
+(node/streams.py), so TokenChunk also has an explicit msgpack form, decoded strictly (never pickle);
+the KV bytes and the bootstrap handshake go through kvtransfer's msgpack schema.
 Imports no torch, so the Conductor can use these too.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import msgpack
 
 from engine.kv_events import KVEvent
 from engine.sampling_params import SamplingParams
@@ -27,6 +30,7 @@ class NodeRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     bootstrap_address: str = ""    # decode side: the prefill node's kvtransfer bootstrap endpoint
+    reply_address: str = ""        # decode / mixed: the caller's zmq PULL socket for the tokens ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,52 @@ class TokenChunk:
     error: str | None = None
     num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (prefill side's in PD)
     timings: dict = field(default_factory=dict)  # on the last chunk: seconds per lifecycle phase
+
+    def to_wire(self) -> list:
+        return [self.request_id, list(self.token_ids), self.finished, self.finish_reason, self.error,
+                self.num_cached_tokens, self.timings]
+
+    @classmethod
+    def from_wire(cls, w: object) -> TokenChunk:
+        """The inverse of to_wire(); anything else raises ValueError."""
+        if not isinstance(w, (list, tuple)) or len(w) != 7:
+            raise ValueError(f"a token chunk is a 7-item array, got {type(w).__name__}")
+        rid, tokens, finished, reason, error, cached, timings = w
+        if not (isinstance(rid, str) and isinstance(tokens, (list, tuple)) and all(type(t) is int for t in tokens)
+                and isinstance(finished, bool) and isinstance(reason, (str, type(None)))
+                and isinstance(error, (str, type(None))) and type(cached) is int and isinstance(timings, dict)
+                and all(isinstance(k, str) and type(v) in (int, float) for k, v in timings.items())):
+            raise ValueError(f"malformed token chunk for request {rid!r}")
+        return cls(rid, tuple(tokens), finished, reason, error, cached, dict(timings))
+
+
+TOKEN_WIRE_VERSION = 1
+
+
+def pack_chunks(chunks: list[TokenChunk]) -> bytes:
+    """One token-stream message: [version, [chunk, ...]], every chunk of one engine step for one caller."""
+    return msgpack.packb([TOKEN_WIRE_VERSION, [c.to_wire() for c in chunks]])
+
+
+def unpack_chunks(data: bytes) -> list[TokenChunk]:
+    """Strict inverse of pack_chunks(): a malformed message raises ValueError."""
+    try:
+        msg = msgpack.unpackb(data)
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        raise ValueError(f"not a msgpack message: {e}") from e
+    if not isinstance(msg, list) or len(msg) != 2 or msg[0] != TOKEN_WIRE_VERSION or not isinstance(msg[1], list):
+        raise ValueError(f"not a version-{TOKEN_WIRE_VERSION} token-stream message")
+    return [TokenChunk.from_wire(w) for w in msg[1]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """What generate() on a decode or mixed node returns once the request ended. `final` is the final
+    chunk, also sent on the token stream; `num_tokens` counts every token the stream carried, the
+    final chunk's included, so the caller knows when it holds them all (the stream and the Ray
+    return are not ordered)."""
+    final: TokenChunk
+    num_tokens: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
     generate() --add--> engine waiting --admitted--> running --stop / length--> final chunk
         any state --client abort / node crash--> final chunk ("abort" or error)
+
+Tokens go to req.reply_address over pyzmq (node/streams.py); generate() returns the StreamEnd.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 
 from engine.errors import InvalidRequestError
 from engine.outputs import StepOutput
-from node.messages import NodeRequest, TokenChunk
+from node.messages import NodeRequest, StreamEnd, TokenChunk
 from node.node_base import NodeBase
 
 
@@ -22,19 +24,10 @@ class MixedNode(NodeBase):
         self._timings: dict[str, dict] = {}
         self.loop.start()
 
-    async def generate(self, req: NodeRequest):
-        """Ray streaming generator of TokenChunks; the last one is final."""
-        q = self.streams.open(req.request_id)
-        finished = False
-        try:
-            self.loop.call(self._add, req)
-            async for chunk in self.streams.read(q):
-                finished = chunk.finished
-                yield chunk
-        finally:
-            self.streams.close(req.request_id)
-            if not finished:  # the caller went away: free what the request holds
-                self.loop.call(self._abort, req.request_id)
+    async def generate(self, req: NodeRequest) -> StreamEnd:
+        """Stream the request's tokens to req.reply_address; return once it ended (the final chunk
+        and how many tokens the stream carried)."""
+        return await self._stream_request(req, self._add, self._abort)
 
     async def abort(self, request_id: str) -> None:
         await self.loop.acall(self._abort, request_id)

@@ -1,22 +1,26 @@
 """NodeBase: what every node actor (prefill, decode, mixed) is made of.
 
-An LLMEngine owned by an EngineLoop thread, a StreamHub for token streams, a buffer of the engine's
-KV events, and the Ray-callable methods every role shares: ready(), load_report(), stats(),
-drain_kv_events(), check_idle(), shutdown(). The role classes add their request path and queues.
+An LLMEngine owned by an EngineLoop thread, TokenStreams to callers (pyzmq, flushed after every tick
+and every step), a buffer of the engine's KV events, and the Ray-callable methods every role shares:
+ready(), load_report(), stats(), drain_kv_events(), check_idle(), shutdown(). The role classes add
+their request path and queues; _stream_request() is the generate() of the roles that stream tokens.
 Node classes are plain Python; the launcher wraps them with ray.remote and resource options.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from engine.engine import LLMEngine
 from engine.outputs import StepOutput
 from node.engine_loop import EngineLoop
 from node.host import host_info
-from node.messages import KVEventBatch, LoadReport, TokenChunk
-from node.streams import StreamHub
+from node.node_metrics import NodeMetrics
+from node.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from node.streams import Reply, TokenStreams
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +36,12 @@ class NodeBase:
         self.name = name
         self._kv_events: deque = deque()
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
-        self.streams = StreamHub()
-        self.loop = EngineLoop(self.engine, self._tick, self._on_outputs, self._on_crash, name)
+        self.streams = TokenStreams()
+        self.loop = EngineLoop(self.engine, self._tick_and_flush, self._outputs_and_flush, self._on_crash, name)
         self.host = host_info()
         self.started_at = time.time()
+        self._conductor_link = None
+        self.metrics = NodeMetrics()  # no-op outside Ray
 
     # -- Ray-callable, every role -------------------------------------------------------------------
     async def ready(self) -> dict:
@@ -61,9 +67,37 @@ class NodeBase:
         """Assert the engine's block accounting adds up; report what is still held (tests want zeros)."""
         return await self.loop.acall(self._check_idle)
 
+    async def attach_conductor(self, conductor) -> None:
+        """Register with the Conductor, then keep it informed: KV events, load reports (heartbeats)."""
+        import ray
+
+        from node.conductor_link import ConductorLink
+
+        if self._conductor_link is not None:
+            self._conductor_link.stop()
+        self._conductor_link = ConductorLink(self, conductor, ray.get_runtime_context().current_actor)
+        await self._conductor_link.register()
+        self._conductor_link.start()
+
     async def shutdown(self) -> None:
+        if self._conductor_link is not None:
+            self._conductor_link.stop()
         self.loop.stop()
+        if not self.loop.running:  # the sockets belong to the engine thread while it runs
+            self.streams.close()
         self._close()
+
+    async def _stream_request(self, req: NodeRequest, add: Callable[[NodeRequest], None],
+                              abort: Callable[[str], None]) -> StreamEnd:
+        """Open the request's token stream to req.reply_address, add(req) on the engine thread, and
+        return once the request ended, however it ended. Cancelling the call aborts the request."""
+        reply = Reply()
+        try:
+            await self.loop.acall(self._open_stream, req, reply, add)
+            return await reply.wait()
+        except asyncio.CancelledError:
+            self.loop.call(abort, req.request_id)
+            raise
 
     # -- engine thread ------------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:
@@ -71,16 +105,20 @@ class NodeBase:
         sched = eng.scheduler
         queued = sum(r.num_prompt_tokens - min(r.num_computed_tokens, r.num_prompt_tokens)
                      for r in list(sched.waiting) + sched.running) + self._queued_outside_engine()
-        return LoadReport(
+        report = LoadReport(
             node_name=self.name, role=self.role, queued_prefill_tokens=queued,
             waiting=len(sched.waiting) + self._waiting_outside_engine(), running=len(sched.running),
             free_blocks=eng.allocator.num_free + eng.prefix_cache.num_evictable_blocks,
             total_blocks=eng.num_blocks, cached_blocks=len(eng.prefix_cache.cached_blocks()),
             inflight=self._inflight(), step_time_s=self.loop.step_time_s,
             prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time())
+        self.metrics.observe(report, self._extra_stats())
+        return report
 
     def _stats(self) -> dict:
-        return {"name": self.name, "role": self.role, **self.engine.stats(), **self._extra_stats()}
+        return {"name": self.name, "role": self.role, **self.engine.stats(),
+                "stream_messages": self.streams.num_messages, "stream_dropped": self.streams.num_dropped,
+                **self._extra_stats()}
 
     def _drain_kv_events(self) -> KVEventBatch:
         events = tuple(self._kv_events)
@@ -91,14 +129,31 @@ class NodeBase:
         self._kv_events.clear()
         return self.engine.prefix_cache.snapshot()
 
+    def _open_stream(self, req: NodeRequest, reply: Reply, add: Callable[[NodeRequest], None]) -> None:
+        if not self.streams.open(req.request_id, req.reply_address, reply):
+            return
+        try:
+            add(req)
+        except Exception as e:  # a bug, not a bad request: still end the stream, so the caller hears
+            log.exception("adding request %s failed", req.request_id)
+            self.streams.push(TokenChunk(req.request_id, (), finished=True, error=f"node {self.name}: {e!r}"))
+
+    def _tick_and_flush(self) -> bool:
+        busy = self._tick()
+        self.streams.flush()  # what the calls and the tick produced: final chunks, first tokens
+        return busy
+
+    def _outputs_and_flush(self, outputs: list[StepOutput]) -> None:
+        self._on_outputs(outputs)
+        self.streams.flush()  # one message per caller per step
+
     def _check_idle(self) -> dict:
         self.engine.check_block_integrity()
         return {"requests": len(self.engine.requests), "reservations": len(self.engine.reservations),
                 "streams": len(self.streams.open_ids()), **self._extra_idle()}
 
     def _on_crash(self, e: BaseException) -> None:
-        for rid in self.streams.open_ids():
-            self.streams.push(TokenChunk(rid, (), finished=True, error=f"node {self.name} crashed: {e!r}"))
+        self.streams.end_all(f"node {self.name} crashed: {e!r}")
 
     # -- what roles override --------------------------------------------------------------------------
     def _tick(self) -> bool:

@@ -27,7 +27,7 @@ S = TransferState
 @dataclass(slots=True)
 class _Export:
     room: int
-    node: RadixNode
+    node: RadixNode | None  # None: refused; the room only exists to tell the target at once
     blocks: list[int]
     reply: Reply
     sent: bool = False
@@ -57,17 +57,19 @@ class PrefixCopies:
         want = len(token_ids) // bs
         cache = self.engine.prefix_cache
         match = cache.match_prefix(token_ids, want)
-        if want == 0 or match.num_blocks < want:
-            reply.set(PrefillResult(f"export-{room}", False, f"prefix not cached here: {match.num_blocks} of {want} "
-                                                              "blocks"))
-            return
-        cache.lock(match.node)  # not evictable while its bytes may be read
         try:
             self.sender.add_room(room)
         except Exception as e:  # noqa: BLE001 - duplicate room id: this copy fails alone
-            cache.unlock(match.node)
             reply.set(PrefillResult(f"export-{room}", False, str(e)))
             return
+        if want == 0 or match.num_blocks < want:
+            reason = f"prefix not cached here: {match.num_blocks} of {want} blocks"
+            # Keep the room until the importer's destination arrives, then abort it, so the
+            # importer frees its blocks at once instead of waiting out its timeout.
+            self.exports[room] = _Export(room, None, [], reply)
+            reply.set(PrefillResult(f"export-{room}", False, reason))
+            return
+        cache.lock(match.node)  # not evictable while its bytes may be read
         self.exports[room] = _Export(room, match.node, list(match.blocks), reply)
 
     def import_(self, token_ids: list[int], room: int, source_address: str, reply: Reply) -> None:
@@ -95,7 +97,10 @@ class PrefixCopies:
         for room, ex in list(self.exports.items()):
             state = self.sender.poll(room)
             if not ex.sent and state == S.WAITING_FOR_INPUT:
-                self.sender.send(room, ex.blocks)
+                if ex.node is None:
+                    self.sender.abort(room, "prefix not cached at the source")
+                else:
+                    self.sender.send(room, ex.blocks)
                 ex.sent = True
             elif state.is_terminal:
                 self._end_export(ex, state)
@@ -107,6 +112,9 @@ class PrefixCopies:
 
     def _end_export(self, ex: _Export, state: TransferState) -> None:
         del self.exports[ex.room]
+        if ex.node is None:  # refused at once; the caller already has its answer
+            self.sender.release(ex.room)
+            return
         self.engine.prefix_cache.unlock(ex.node)
         reason = self.sender.failure_reason(ex.room)
         self.sender.release(ex.room)

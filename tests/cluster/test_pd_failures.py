@@ -15,7 +15,7 @@ from cluster.local_cluster import ClusterSpec, NodeCluster
 from cluster.request_driver import RequestDriver
 from engine.sampling_params import SamplingParams
 from node.messages import NodeRequest
-from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect
+from tests.cluster.helpers import FAST_TRANSFER, TokenSink, assert_idle, collect
 from tests.conftest import NEW_TOKENS
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
@@ -37,14 +37,22 @@ def cluster():
         c.stop()
 
 
+@pytest.fixture(scope="module")
+def sink():
+    s = TokenSink()
+    yield s
+    s.close()
+
+
 def node(cluster, name):
     return next(n for n in cluster.nodes if n.name == f"raypd-{name}")
 
 
-def request(ids, params=GREEDY, prefill=None) -> NodeRequest:
+def request(ids, params=GREEDY, prefill=None, sink: TokenSink | None = None) -> NodeRequest:
     rid = f"t-{secrets.token_hex(4)}"
     return NodeRequest(rid, secrets.randbits(63), tuple(ids), params,
-                       bootstrap_address=prefill.bootstrap_address if prefill else "")
+                       bootstrap_address=prefill.bootstrap_address if prefill else "",
+                       reply_address=sink.address if sink else "")
 
 
 def wait_for(predicate, what: str, timeout_s: float = 30.0, period_s: float = 0.005):
@@ -59,10 +67,13 @@ def queues(n) -> dict:
     return ray.get(n.actor.stats.remote(), timeout=30)["queues"]
 
 
-def final_of(stream) -> list:
-    """Drain a decode node's stream (ObjectRefGenerator) and return its chunks."""
-    chunks = [ray.get(ref, timeout=HANG_GUARD_S) for ref in stream]
+def final_of(sink: TokenSink, generate_ref) -> list:
+    """Wait for a decode node's generate() and return the chunks its token stream carried: exactly
+    one final chunk, the last, equal to the one generate() returned, and the tokens it counted."""
+    end = ray.get(generate_ref, timeout=HANG_GUARD_S)
+    chunks = sink.chunks(end.final.request_id, HANG_GUARD_S)
     assert chunks and chunks[-1].finished and sum(c.finished for c in chunks) == 1
+    assert chunks[-1] == end.final and sum(len(c.token_ids) for c in chunks) == end.num_tokens
     return chunks
 
 
@@ -70,7 +81,7 @@ def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
 
 
-def test_abort_in_prefill_bootstrap_and_queued(cluster, prompt_ids):
+def test_abort_in_prefill_bootstrap_and_queued(cluster, prompt_ids, sink):
     slow = node(cluster, "prefill-1")
     # BOOTSTRAP: no decode node ever sends a destination.
     req = request(prompt_ids[0])
@@ -81,34 +92,34 @@ def test_abort_in_prefill_bootstrap_and_queued(cluster, prompt_ids):
     assert not res.ok and "aborted by the client" in res.error
     # QUEUED: the destination arrived, the long prompt is being prefilled 16 tokens per step.
     decode = node(cluster, "decode-0")
-    req = request(long_prompt(prompt_ids), prefill=slow)
+    req = request(long_prompt(prompt_ids), prefill=slow, sink=sink)
     result = slow.actor.prefill.remote(req)
-    stream = decode.actor.generate.remote(req)
+    decoding = decode.actor.generate.remote(req)
     wait_for(lambda: queues(slow)["queued"] == 1, "prefill queue")
     ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
     res = ray.get(result, timeout=HANG_GUARD_S)
     assert not res.ok and "aborted by the client" in res.error
-    chunks = final_of(stream)  # the decode side learns the room was aborted
+    chunks = final_of(sink, decoding)  # the decode side learns the room was aborted
     assert chunks[-1].error and "abort" in chunks[-1].error
     assert_idle(cluster.nodes)
 
 
-def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids):
+def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids, sink):
     prefill = node(cluster, "prefill-0")
     small = cluster.add_nodes(["decode"], {"num_blocks": 40})[0]
     try:
         # TRANSFER: a 30-block prompt whose prefill never starts holds its reservation...
-        blocker = request(list(range(1, 30 * 16 + 1)), prefill=prefill)
-        blocker_stream = small.actor.generate.remote(blocker)
+        blocker = request(list(range(1, 30 * 16 + 1)), prefill=prefill, sink=sink)
+        blocker_end = small.actor.generate.remote(blocker)
         wait_for(lambda: queues(small)["transfer"] == 1, "transfer queue")
         # ...so a 20-block prompt waits in PREALLOC (back-pressure).
-        waiting = request(list(range(1, 20 * 16 + 1)), prefill=prefill)
-        waiting_stream = small.actor.generate.remote(waiting)
+        waiting = request(list(range(1, 20 * 16 + 1)), prefill=prefill, sink=sink)
+        waiting_end = small.actor.generate.remote(waiting)
         wait_for(lambda: queues(small)["prealloc"] == 1, "prealloc queue")
         ray.get(small.actor.abort.remote(waiting.request_id), timeout=30)
-        assert final_of(waiting_stream)[-1].finish_reason == "abort"
+        assert final_of(sink, waiting_end)[-1].finish_reason == "abort"
         ray.get(small.actor.abort.remote(blocker.request_id), timeout=30)
-        assert final_of(blocker_stream)[-1].finish_reason == "abort"
+        assert final_of(sink, blocker_end)[-1].finish_reason == "abort"
         # RUNNING: the client goes away mid-stream; the driver aborts on both nodes.
         driver = RequestDriver(cluster.nodes)
 

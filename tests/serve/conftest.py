@@ -1,5 +1,6 @@
 """A real `raypd serve` subprocess (local Ray, 1 prefill + 1 decode node over NIXL, two ingress
-replicas, an API key) shared by the HTTP tests of this package, and helpers to talk to it.
+replicas, an API key, Ray's Prometheus endpoint on a known port) shared by the HTTP tests of this
+package, and helpers to talk to it.
 
 The server is started once for the package (it costs ~30-60 s here) and stopped with SIGINT at the
 end; stopping checks that every process it started (Ray's included) is gone.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,12 +26,26 @@ API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 MAX_BODY_BYTES = 256 * 1024
 DEFAULT_MAX_TOKENS = 32
+# Ray exports metrics every 10 s by default; 1 s lets the metrics test see its requests soon.
+METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_below_10002() -> int:
+    """For Ray's metrics export port: ports from 10002 up are Ray's worker ports (Ray fails to start)."""
+    for port in random.sample(range(8100, 10002), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port in 8100-10001")
 
 
 @dataclass
@@ -39,14 +55,19 @@ class ServerProcess:
     log_path: Path
     proc: subprocess.Popen
     descendants: list = field(default_factory=list)
+    metrics_port: int | None = None
 
     @classmethod
-    def start(cls, log_path: Path, *args: str, port: int | None = None) -> ServerProcess:
+    def start(cls, log_path: Path, *args: str, port: int | None = None, metrics_port: int | None = None,
+              env: dict[str, str] | None = None) -> ServerProcess:
         port = port or free_port()
         log = open(log_path, "w")
         cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *args]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAYPD_API_KEY": ""})
-        return cls(port, log_path, proc)
+        if metrics_port:
+            cmd += ["--metrics-export-port", str(metrics_port)]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "RAYPD_API_KEY": "", **(env or {})})
+        return cls(port, log_path, proc, metrics_port=metrics_port)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -156,7 +177,8 @@ def wait_nodes_idle(port: int, timeout_s: float = 30.0) -> list[dict]:
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "raypd-serve.log"
     srv = ServerProcess.start(log_path, "--api-key", API_KEY, "--ingress-replicas", "2", "--no-dashboard",
-                              "--max-body-bytes", str(MAX_BODY_BYTES), "--default-max-tokens", str(DEFAULT_MAX_TOKENS))
+                              "--max-body-bytes", str(MAX_BODY_BYTES), "--default-max-tokens", str(DEFAULT_MAX_TOKENS),
+                              metrics_port=free_port_below_10002(), env=METRICS_ENV)
     try:
         srv.wait_ready()
         srv.remember_descendants()

@@ -41,7 +41,8 @@ def test_port_in_use():
     (("--policy", "fastest"), "unknown policy 'fastest'"),
     (("--topology", "/no/such/topology.yaml"), "topology file not found"),
     (("--port", "70000"), "--port 70000 is out of range"),
-], ids=["model", "pd-counts", "pd-and-mixed", "policy", "topology", "port-range"])
+    (("--metrics-export-port", "18080"), "--metrics-export-port 18080 is in Ray's worker port range"),
+], ids=["model", "pd-counts", "pd-and-mixed", "policy", "topology", "port-range", "metrics-port"])
 def test_bad_options(args, starts):
     assert_one_line_error(serve_cli("--port", str(free_port()), *args), starts)
 

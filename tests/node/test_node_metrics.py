@@ -1,0 +1,73 @@
+"""NodeMetrics without Ray: gauges from a LoadReport, counters from the growth of stats() totals."""
+from __future__ import annotations
+
+from node.messages import LoadReport
+from node.node_metrics import NodeMetrics
+from tests.fake_metrics import FakeMetricsAPI
+
+
+def report(name: str = "raypd-prefill-0", role: str = "prefill", **fields) -> LoadReport:
+    base = dict(queued_prefill_tokens=300, waiting=2, running=3, free_blocks=50, total_blocks=64, cached_blocks=9,
+                inflight=1, step_time_s=0.04, prefill_tokens_per_s=900.0)
+    return LoadReport(node_name=name, role=role, **{**base, **fields})
+
+
+def prefill_stats(completed: int, failed: int, exported: int = 0, rooms: int = 0) -> dict:
+    """The parts of a PrefillNode's stats() NodeMetrics reads."""
+    return {"completed": completed, "failed": failed, "transfer": {"rooms": rooms + 1, "live_rooms": rooms},
+            "prefix_copies": {"exported": exported, "imported": 0, "failed": 0}}
+
+
+def test_gauges_follow_the_latest_report_per_node():
+    api = FakeMetricsAPI()
+    m = NodeMetrics(api)
+    m.observe(report())
+    m.observe(report(running=7, free_blocks=40))
+    m.observe(report("raypd-decode-0", "decode", running=11))
+    prefill = {"node": "raypd-prefill-0", "role": "prefill"}
+    assert api["raypd_node_running"].value(**prefill) == 7
+    assert api["raypd_node_free_blocks"].value(**prefill) == 40
+    assert api["raypd_node_queued_prefill_tokens"].value(**prefill) == 300
+    assert api["raypd_node_step_time_seconds"].value(**prefill) == 0.04
+    assert api["raypd_node_running"].value(node="raypd-decode-0", role="decode") == 11
+    assert api["raypd_node_total_blocks"].value() == 128  # one series per node
+
+
+def test_counters_add_what_the_totals_grew_by():
+    api = FakeMetricsAPI()
+    m = NodeMetrics(api)
+    m.observe(report(), prefill_stats(completed=3, failed=1, exported=2, rooms=4))
+    m.observe(report(), prefill_stats(completed=3, failed=1, exported=2, rooms=0))  # nothing new
+    m.observe(report(), prefill_stats(completed=8, failed=1, exported=3, rooms=1))
+    assert api["raypd_node_prefill_completions"].value(node="raypd-prefill-0") == 8
+    assert api["raypd_node_prefill_failures"].value(node="raypd-prefill-0") == 1
+    assert api["raypd_node_prefix_copies"].value(direction="export") == 3
+    assert api["raypd_node_prefix_copies"].value(direction="import") == 0
+    assert api["raypd_node_transfer_rooms"].value(node="raypd-prefill-0") == 1
+
+
+def test_decode_stats_without_prefill_totals_count_nothing():
+    api = FakeMetricsAPI()
+    m = NodeMetrics(api)
+    m.observe(report("raypd-decode-0", "decode"), {"queues": {}, "transfer": {"rooms": 2, "live_rooms": 2}})
+    assert api["raypd_node_prefill_completions"].values == {}
+    assert api["raypd_node_transfer_rooms"].value(node="raypd-decode-0", role="decode") == 2
+
+
+def test_report_only_leaves_the_counters_alone():
+    api = FakeMetricsAPI()
+    NodeMetrics(api).observe(report())
+    assert api["raypd_node_prefill_completions"].values == {}
+    assert api["raypd_node_transfer_rooms"].values == {}
+
+
+def test_without_ray_observe_is_a_no_op():
+    m = NodeMetrics()
+    assert not m.enabled  # ray is not initialized in unit tests
+    m.observe(report(), prefill_stats(1, 0))
+
+
+def test_the_real_ray_metric_classes_accept_the_declarations():
+    from ray.util import metrics
+
+    assert NodeMetrics(metrics).enabled

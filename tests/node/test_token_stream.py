@@ -1,0 +1,136 @@
+"""The token stream path without Ray actors or a model: a node's TokenStreams (node/streams.py) sending
+to drivers' TokenReceivers (cluster/token_receiver.py) over real pyzmq sockets on loopback, with the
+node's generate() return played by a future. Runs in about a second."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import ray
+
+from cluster.token_receiver import TokenReceiver
+from node.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
+from node.streams import SEND_HWM, Reply, TokenStreams
+
+
+def chunk(rid, *tokens, finished=False, **kw) -> TokenChunk:
+    return TokenChunk(rid, tuple(tokens), finished, "stop" if finished else None, **kw)
+
+
+async def relay_all(stream, end, tail_s=2.0, chunk_timeout_s=5.0) -> list[TokenChunk]:
+    return [c async for c in stream.relay(end, "node-x", chunk_timeout_s, tail_s)]
+
+
+def test_wire_round_trip_and_strict_decoding():
+    chunks = [chunk("a", 1, 2), chunk("b", 3, finished=True, num_cached_tokens=16, timings={"total_s": 0.25}),
+              TokenChunk("c", (), True, None, "KV transfer failed: timeout")]
+    assert unpack_chunks(pack_chunks(chunks)) == chunks
+    good = chunks[0].to_wire()
+    for bad in (b"\xc1", pack_chunks([])[:-1], b"\x92\x02\x90"):  # not msgpack, truncated, version 2
+        with pytest.raises(ValueError):
+            unpack_chunks(bad)
+    for wire in (good[:6], [1, *good[1:]], [good[0], ["1"], *good[2:]], [good[0], [True], *good[2:]],
+                 [*good[:2], 1, *good[3:]], [*good[:6], {"t": "x"}], {"request_id": "a"}):
+        with pytest.raises(ValueError):
+            TokenChunk.from_wire(wire)
+
+
+def test_one_message_per_caller_per_flush_and_the_final_chunk_after_every_token():
+    async def main():
+        a, b = TokenReceiver("127.0.0.1"), TokenReceiver("127.0.0.1")
+        node = TokenStreams()
+        try:
+            ends = {rid: Reply() for rid in ("a1", "a2", "b1")}
+            streams = {"a1": a.open("a1"), "a2": a.open("a2"), "b1": b.open("b1")}
+            for rid, addr in (("a1", a.address), ("a2", a.address), ("b1", b.address)):
+                assert node.open(rid, addr, ends[rid])
+            relays = {rid: asyncio.ensure_future(relay_all(streams[rid], ends[rid].wait())) for rid in ends}
+            for step in range(3):
+                for rid in ends:
+                    node.push(chunk(rid, step, finished=(step == 2 and rid != "a2")))
+                node.flush()
+                await asyncio.sleep(0.01)
+            node.push(chunk("a2", 3, finished=True))
+            node.flush()
+            got = {rid: await asyncio.wait_for(r, 5) for rid, r in relays.items()}
+            assert node.num_messages == 3 * 2 + 1 and node.num_dropped == 0 and not node.open_ids()
+            for rid, chunks in got.items():
+                assert [c.finished for c in chunks][-1] and sum(c.finished for c in chunks) == 1
+                assert [t for c in chunks for t in c.token_ids] == ([0, 1, 2, 3] if rid == "a2" else [0, 1, 2])
+            assert a.num_messages == 4 and b.num_messages == 3
+        finally:
+            node.close()
+            a.close()
+            b.close()
+    asyncio.run(main())
+
+
+def test_end_before_tokens_lost_tokens_dead_node_and_silence():
+    async def main():
+        rx = TokenReceiver("127.0.0.1")
+        node = TokenStreams()
+        try:
+            loop = asyncio.get_running_loop()
+            # The Ray return overtakes the tokens: the final chunk still comes after all of them.
+            stream = rx.open("r1")
+            assert node.open("r1", rx.address, Reply())
+            final = chunk("r1", 7, finished=True)
+            end = loop.create_future()
+            end.set_result(StreamEnd(final, 3))
+            relay = asyncio.ensure_future(relay_all(stream, end))
+            await asyncio.sleep(0.05)
+            node.push(chunk("r1", 5, 6))
+            node.push(final)
+            node.flush()
+            chunks = await asyncio.wait_for(relay, 5)
+            assert [c.token_ids for c in chunks] == [(5, 6), (7,)] and chunks[-1] == final
+            # A message that never arrives: the node counted 3 tokens, 1 came.
+            stream = rx.open("r2")
+            end = loop.create_future()
+            end.set_result(StreamEnd(chunk("r2", 9, finished=True), 3))
+            node.open("r2", rx.address, Reply())
+            node.push(chunk("r2", 1))
+            node.flush()
+            chunks = await relay_all(stream, end, tail_s=0.2)
+            assert chunks[0].token_ids == (1,) and "lost 2 of 3 tokens" in chunks[-1].error
+            # The node dies: its call fails at once, whatever the stream says.
+            stream = rx.open("r3")
+            end = loop.create_future()
+            end.set_exception(ray.exceptions.RayActorError())
+            chunks = await relay_all(stream, end)
+            assert len(chunks) == 1 and "node-x failed: RayActorError" in chunks[0].error
+            # Silence: neither tokens nor an end.
+            chunks = await relay_all(rx.open("r4"), loop.create_future(), chunk_timeout_s=0.1)
+            assert chunks[-1].finished and "no token from node node-x" in chunks[-1].error
+            with pytest.raises(ValueError):
+                rx.open("r4")  # still open: the driver closes it
+        finally:
+            node.close()
+            rx.close()
+    asyncio.run(main())
+
+
+def test_open_refusals_and_a_caller_that_never_reads():
+    async def main():
+        node = TokenStreams()
+        try:
+            first, dup, bad = Reply(), Reply(), Reply()
+            assert node.open("r", "tcp://127.0.0.1:1", first)  # nobody listens there
+            assert not node.open("r", "tcp://127.0.0.1:1", dup)
+            assert "already streaming" in (await dup.wait(1)).final.error
+            assert not node.open("s", "no-such-transport://x", bad)
+            end = await bad.wait(1)
+            assert end.final.finished and "cannot stream tokens" in end.final.error and end.num_tokens == 0
+            t0 = time.monotonic()
+            for step in range(SEND_HWM + 50):  # the engine thread never waits for a caller
+                node.push(chunk("r", step))
+                node.flush()
+            assert time.monotonic() - t0 < 2.0 and node.num_dropped >= 50
+            node.push(chunk("r", 0, finished=True))
+            node.flush()
+            end = await first.wait(1)
+            assert end.num_tokens == SEND_HWM + 51 and not node.open_ids()
+        finally:
+            node.close()
+    asyncio.run(main())
