@@ -3,6 +3,7 @@ accounting check that runs after every test on every engine the test created."""
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 
 import pytest
 
@@ -17,13 +18,20 @@ def make_llm():
     """Build an LLM with engine options; every engine made here is checked after each test."""
     from engine import LLM
 
-    cache: dict[tuple, LLM] = {}
+    cache: OrderedDict[tuple, LLM] = OrderedDict()
 
     def make(**options):
+        # A smaller KV pool than the 1 GiB default, and only the few most recent engines kept: the
+        # suite builds dozens of configurations, and later tests start Ray clusters that need memory.
+        if "num_blocks" not in options:
+            options.setdefault("kv_cache_memory_mb", 256)
         key = tuple(sorted(options.items()))
         if key not in cache:
+            while len(cache) >= 4:
+                cache.popitem(last=False)
             cache[key] = LLM(**options)
             _live_engines.add(cache[key].engine)
+        cache.move_to_end(key)
         return cache[key]
 
     return make

@@ -34,14 +34,16 @@ def cluster():
 
 
 def routed(cluster, rid, ids, route=None):
-    """Route through the Conductor (unless `route` is given), run, report delivery; (decision, tokens, final)."""
+    """One Conductor decision, then the request on its nodes (or on `route`); delivery is reported.
+    Returns (decision, tokens, final chunk)."""
     router = ConductorRouter(cluster.conductor, cluster.nodes)
 
     async def main():
         with RequestDriver(cluster.nodes) as driver:
             decision = await cluster.conductor.route.remote(rid, list(ids))
-            r = route or await router.route(f"{rid}-run", ids)
-            tokens, final = await collect(driver, rid, ids, GREEDY, prefill=r.prefill, decode=r.decode)
+            prefill, decode = (route.prefill, route.decode) if route else \
+                (router.nodes[decision.prefill_node], router.nodes[decision.decode_node])
+            tokens, final = await collect(driver, rid, ids, GREEDY, prefill=prefill, decode=decode)
             await router.delivered(rid, final.num_cached_tokens)
             return decision, tokens, final
     return asyncio.run(main())
