@@ -8,6 +8,7 @@ ConductorRouter asks the Conductor actor, and is what `raypd serve` uses when it
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,12 +23,13 @@ class Route:
     decode: NodeHandle | None = None
 
 
-class Router:
+class Router(ABC):
     """Contract: route() is called once per request (per choice when n > 1) before any node is
     contacted; it must not block the event loop, and it returns nodes the driver knows."""
 
+    @abstractmethod
     async def route(self, request_id: str, prompt_token_ids: Sequence[int]) -> Route:
-        raise NotImplementedError
+        """The nodes for this request."""
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
         """The request's prefill ran and served num_cached_tokens from cache (routers that predict it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ from node.streams import Reply, TokenStreams
 log = logging.getLogger(__name__)
 
 
-class NodeBase:
+class NodeBase(ABC):
     role = "node"
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
@@ -109,7 +110,7 @@ class NodeBase:
             node_name=self.name, role=self.role, queued_prefill_tokens=queued,
             waiting=len(sched.waiting) + self._waiting_outside_engine(), running=len(sched.running),
             free_blocks=eng.allocator.num_free + eng.prefix_cache.num_evictable_blocks,
-            total_blocks=eng.num_blocks, cached_blocks=len(eng.prefix_cache.cached_blocks()),
+            total_blocks=eng.num_blocks, cached_blocks=eng.prefix_cache.num_cached_blocks,
             inflight=self._inflight(), step_time_s=self.loop.step_time_s,
             prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time())
         self.metrics.observe(report, self._extra_stats())
@@ -160,8 +161,9 @@ class NodeBase:
         """Advance the role's own queues; True while transfers are in flight (poll soon)."""
         return False
 
+    @abstractmethod
     def _on_outputs(self, outputs: list[StepOutput]) -> None:
-        raise NotImplementedError
+        """Deliver one step's outputs (runs on the engine thread)."""
 
     def _extra_info(self) -> dict:
         return {}
