@@ -43,6 +43,9 @@ class ClusterSpec:
     gpus_per_node: float = 0.0
     prealloc_timeout_s: float | None = None  # decode: wait for KV memory; None = the bootstrap timeout
     start_timeout_s: float = 300.0
+    # Logical CPUs of a Ray started here; None = enough for the spec's nodes (at least the core count).
+    # Raise it to add nodes later (add_nodes) without waiting on resources.
+    ray_cpus: int | None = None
     name_prefix: str = "raypd"
     # Routing: None = the driver's round-robin, no Conductor; else a Conductor policy name
     # (round_robin, least_loaded, cache_aware, cost) and optionally a topology YAML file.
@@ -79,7 +82,7 @@ class NodeCluster:
                 ray.init(address=address, log_to_driver=False)
             else:
                 need = int(-(-spec.cpus_per_node * len(spec.roles()) // 1))
-                ray.init(num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=spec.ray_cpus or max(need, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
                 started_ray = True
         cluster = cls(spec, started_ray)
         try:

@@ -40,6 +40,16 @@ class Endpoint(ABC):
         self._ctx = zmq.Context()
         self._loop = EndpointLoop(self.name, self._tick, self._sockets, self._shutdown)
         self._closed = False
+        self._last_heartbeat_check = self.rooms.clock()
+
+    def _own_pause(self) -> float:
+        """Seconds this endpoint itself was not running since the last heartbeat check (a stopped or
+        starved process), to excuse from its peers' silence: a node waking from a pause must not call
+        its peers dead for a silence it caused. Zero when the gap is within one heartbeat interval."""
+        now = self.rooms.clock()
+        gap = now - self._last_heartbeat_check
+        self._last_heartbeat_check = now
+        return gap if gap > self.config.heartbeat_interval_s else 0.0
 
     # -- caller API shared by both sides ----------------------------------------------------------
     def poll(self, room: int) -> TransferState:

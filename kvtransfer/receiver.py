@@ -169,8 +169,10 @@ class KVReceiver(Endpoint):
                 self._abort_local(r.room, what)
 
     def _check_heartbeats(self) -> None:
+        paused = self._own_pause()
         now = self.rooms.clock()
         for address, link in list(self._links.items()):
+            link.last_heard += paused
             if link.last_heard < now - self.config.heartbeat_timeout_s:
                 self._link_dead(address, "heartbeat timeout: the sender went silent")
             elif now >= link.next_ping:

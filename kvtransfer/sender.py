@@ -337,6 +337,9 @@ class KVSender(Endpoint):
                                   schema.Abort(room, "bootstrap timeout: no request for this room at the sender"))
 
     def _check_heartbeats(self) -> None:
+        paused = self._own_pause()
+        for peer in self._peers.values():
+            peer.last_heard += paused
         limit = self.rooms.clock() - self.config.heartbeat_timeout_s
         for name in [n for n, p in self._peers.items() if p.last_heard < limit]:
             self._peer_dead(name, "heartbeat timeout: the receiver went silent")

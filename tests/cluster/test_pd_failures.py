@@ -1,11 +1,15 @@
 """PD failures on a local Ray cluster with the real NIXL transport: aborts in each queue state, a
-transfer timeout, a prefill node killed with requests queued and in flight, a decode node killed
-mid-stream. Each affected request ends with a clear final message; unaffected ones finish equal to
+transfer timeout, a prefill node killed with requests queued and in flight (and, deterministically,
+with rooms in BOOTSTRAP and INFLIGHT while its decode node is frozen by SIGSTOP), a decode node
+killed mid-stream. Each affected request ends with a clear final message; unaffected ones finish equal to
 the reference; afterwards every surviving node holds nothing and its block accounting adds up."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import secrets
+import signal
 import time
 
 import pytest
@@ -26,8 +30,9 @@ HANG_GUARD_S = 90  # a request still open after this is a hang, whatever the mac
 
 @pytest.fixture(scope="module")
 def cluster():
+    # Room for the three fixture nodes plus two per test (ray_cpus: logical CPUs, cores are shared).
     c = NodeCluster.start(ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 256},
-                                      transfer_options=FAIL_FAST))
+                                      transfer_options=FAIL_FAST, ray_cpus=3))
     try:
         c.add_nodes(["prefill", "decode"])  # prefill-0, decode-0: the healthy pair
         # prefill-1 computes 16 tokens per step, so a long prompt stays queued for a while.
@@ -79,6 +84,25 @@ def final_of(sink: TokenSink, generate_ref) -> list:
 
 def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
+
+
+@contextlib.contextmanager
+def paused(n):
+    """Freeze a node's process (SIGSTOP) so it neither acknowledges KV nor answers; always resumed."""
+    os.kill(n.host.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(n.host.pid, signal.SIGCONT)
+
+
+def frozen_decode_pair(cluster):
+    """A slow prefill node (16 tokens per step) whose sender tolerates a frozen peer for a minute, and a
+    decode node to freeze: a room stays INFLIGHT while its decode node cannot send Done."""
+    prefill = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 16, "max_num_batched_tokens": 16},
+                                {"heartbeat_timeout_s": 60.0, "transfer_timeout_s": 60.0})[0]
+    decode = cluster.add_nodes(["decode"])[0]
+    return prefill, decode
 
 
 def test_abort_in_prefill_bootstrap_and_queued(cluster, prompt_ids, sink):
@@ -134,6 +158,65 @@ def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids, sink
     finally:
         ray.kill(small.actor)
         cluster.remove(small)
+
+
+def test_abort_in_prefill_inflight(cluster, prompt_ids, sink):
+    prefill, decode = frozen_decode_pair(cluster)
+    try:
+        req = request(long_prompt(prompt_ids), ENDLESS, prefill=prefill, sink=sink)
+        result = prefill.actor.prefill.remote(req)
+        decoding = decode.actor.generate.remote(req)
+        wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
+        with paused(decode):  # the KV goes out but no Done can come back
+            wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
+            # The client goes away; like the driver, abort on both sides (the decode node's call waits
+            # in its mailbox until it runs again).
+            ray.get(prefill.actor.abort.remote(req.request_id), timeout=30)
+            decode_abort = decode.actor.abort.remote(req.request_id)
+            # Blocks stay held while a write may still be reading them: ABORTING, or already ended.
+            assert queues(prefill)["inflight"] == 0
+        res = ray.get(result, timeout=HANG_GUARD_S)
+        assert not res.ok and "aborted by the client" in res.error
+        ray.get(decode_abort, timeout=30)
+        assert final_of(sink, decoding)[-1].finish_reason == "abort"
+        assert_idle([prefill, decode])
+    finally:
+        for n in (prefill, decode):
+            ray.kill(n.actor)
+            cluster.remove(n)
+
+
+def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids, hf_reference, sink):
+    prefill, decode = frozen_decode_pair(cluster)
+    long_i = prompt_ids.index(long_prompt(prompt_ids))
+    try:
+        inflight = request(prompt_ids[long_i], prefill=prefill, sink=sink)
+        inflight_result = prefill.actor.prefill.remote(inflight)
+        inflight_end = decode.actor.generate.remote(inflight)
+        wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
+        with paused(decode):
+            wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
+            # A second room waits in BOOTSTRAP: its decode node is frozen and cannot send a destination.
+            waiting = request(prompt_ids[0], prefill=prefill, sink=sink)
+            waiting_result = prefill.actor.prefill.remote(waiting)
+            waiting_end = decode.actor.generate.remote(waiting)
+            wait_for(lambda: queues(prefill)["bootstrap"] == 1, "bootstrap queue")
+            ray.kill(prefill.actor)
+        for ref in (inflight_result, waiting_result):
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(ref, timeout=HANG_GUARD_S)
+        # The in-flight room's KV may have landed whole before the kill (the write needs nothing from
+        # the frozen side on this transport): then the decode node rightly goes on; else it fails.
+        chunks = final_of(sink, inflight_end)
+        tokens = [t for c in chunks for t in c.token_ids]
+        assert chunks[-1].error or tokens == hf_reference[long_i]
+        final = final_of(sink, waiting_end)[-1]
+        assert final.error and "sender" in final.error and not final.token_ids
+        assert_idle([decode])
+    finally:
+        for n in (prefill, decode):
+            ray.kill(n.actor)
+            cluster.remove(n)
 
 
 def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):

@@ -2,7 +2,9 @@
 paths, with real ZMQ bootstrap sockets on 127.0.0.1. Every wait has a timeout; none asserts speed."""
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 
 import pytest
 import torch
@@ -170,6 +172,21 @@ def test_sender_closing_fails_receiver_rooms(pair):
     handshake(snd, rcv, 11, [1])
     snd.close()
     assert rcv.wait(11, S.SUCCESS, W) == S.FAILED
+
+
+@pytest.mark.parametrize("woken", ["sender", "receiver"])
+def test_an_endpoint_waking_from_a_pause_keeps_its_peers(woken):
+    """A stopped or starved process must not call its peers dead for the silence it caused itself."""
+    patient = dataclasses.replace(CFG, bootstrap_timeout_s=30.0, wait_timeout_s=30.0, transfer_timeout_s=30.0)
+    with KVSender(*pools(1), patient) as snd, KVReceiver(*pools(2), patient) as rcv:
+        handshake(snd, rcv, 1, [4])
+        ep = snd if woken == "sender" else rcv
+        ep.rooms.clock = lambda: time.monotonic() + 3.0  # its clock moved 3 s (3 heartbeat timeouts) at once
+        time.sleep(0.5)  # several heartbeat checks after the wake-up
+        assert snd.poll(1) == rcv.poll(1) == S.WAITING_FOR_INPUT
+        assert snd.stats().peers == rcv.stats().peers == 1
+        snd.send(1, [2])
+        assert rcv.wait(1, S.SUCCESS, W) == S.SUCCESS and snd.wait(1, S.SUCCESS, W) == S.SUCCESS
 
 
 def test_unreachable_sender_fails_after_bootstrap_timeout():
