@@ -191,10 +191,15 @@ class PrefillNode(NodeBase):
                 self.engine.abort(rid)
         if room.aux_slot is not None:
             self.aux.give_back(room.aux_slot)
-        self.sender.release(room.req.room)
+        record = self.sender.release(room.req.room)
         t = room.t
         t["ended"] = time.time()
         timings = _durations(t)
+        # transfer_s ends at the engine thread's next look, after whatever step it was running; the
+        # sender loop's own clock splits the handoff itself: bytes moving, then the receiver's Done.
+        if error is None and None not in (record.t_posted, record.t_landed, record.t_done):
+            timings["kv_write_s"] = record.t_landed - record.t_posted
+            timings["kv_ack_s"] = record.t_done - record.t_landed
         if error is None:
             self.num_completed += 1
         else:

@@ -13,6 +13,9 @@ from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
 from tests.conftest import NEW_TOKENS
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+HANDOFF_PHASES = {"prefill.bootstrap_s", "prefill.queue_s", "prefill.prefill_s", "prefill.transfer_s",
+                  "prefill.kv_write_s", "prefill.kv_ack_s", "decode.prealloc_s", "decode.kv_wait_s",
+                  "decode.first_step_s"}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,11 @@ def check(results, reference):
 def test_pd_matches_reference_then_warm_cache(cluster, prompt_ids, hf_reference):
     driver = RequestDriver(cluster.nodes)
     route = {"prefill": node(cluster, "prefill-0"), "decode": node(cluster, "decode-0")}
-    check(run_all(driver, prompt_ids, GREEDY, **route), hf_reference)
+    cold = run_all(driver, prompt_ids, GREEDY, **route)
+    check(cold, hf_reference)
+    for _, final in cold:  # the handoff breakdown the PD benchmark reports, phase by phase
+        assert HANDOFF_PHASES <= final.timings.keys(), sorted(final.timings)
+        assert all(final.timings[k] >= 0 for k in HANDOFF_PHASES)
     warm = run_all(driver, prompt_ids, GREEDY, **route)
     check(warm, hf_reference)
     for ids, (_, final) in zip(prompt_ids, warm):
