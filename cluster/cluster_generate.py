@@ -30,7 +30,7 @@ def spec_from_args(args) -> ClusterSpec:
         counts = dict(mixed_nodes=args.mixed_nodes)
     return ClusterSpec(model=args.model, engine_options=options, role_engine_options=role_options,
                        transfer_options={"backend": args.transfer_backend}, cpus_per_node=args.cpus_per_node,
-                       gpus_per_node=args.gpus_per_node, **counts)
+                       gpus_per_node=args.gpus_per_node, place_by_role=args.place_by_role, **counts)
 
 
 def generate_on_cluster(args, prompts: list, params: SamplingParams) -> list[CompletionOutput]:

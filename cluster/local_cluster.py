@@ -20,6 +20,9 @@ from cluster.node_handles import NodeHandle
 
 log = logging.getLogger(__name__)
 
+# The Ray node label that says which raypd role a machine is for (cluster.yaml and the Helm chart set it).
+ROLE_LABEL = "raypd.io/role"
+
 NODE_CLASSES = {"prefill": ("prefill_node.prefill_node", "PrefillNode"),
                 "decode": ("decode_node.decode_node", "DecodeNode"),
                 "mixed": ("node.mixed_node", "MixedNode")}
@@ -43,6 +46,9 @@ class ClusterSpec:
     gpus_per_node: float = 0.0
     prealloc_timeout_s: float | None = None  # decode: wait for KV memory; None = the bootstrap timeout
     start_timeout_s: float = 300.0
+    # Place each node actor only on Ray nodes labelled raypd.io/role=<its role> (GPU clusters whose
+    # machines are sized per role); False = anywhere with free resources (a laptop, one box).
+    place_by_role: bool = False
     # Logical CPUs of a Ray started here; None = enough for the spec's nodes (at least the core count).
     # Raise it to add nodes later (add_nodes) without waiting on resources.
     ray_cpus: int | None = None
@@ -105,7 +111,11 @@ class NodeCluster:
             created.append((name, role, _create_actor(self.spec, role, name, engine_options or {},
                                                       transfer_options or {})))
         try:
-            infos = _wait_ready([a for _, _, a in created], self.spec.start_timeout_s)
+            hint = ""
+            if self.spec.place_by_role:
+                labels = ", ".join(sorted({f"{ROLE_LABEL}={r}" for r in roles}))
+                hint = f" (place_by_role: is there a Ray node labelled {labels} with free resources?)"
+            infos = _wait_ready([a for _, _, a in created], self.spec.start_timeout_s, hint)
         except BaseException:
             for _, _, actor in created:
                 ray.kill(actor)
@@ -173,18 +183,19 @@ def _create_actor(spec: ClusterSpec, role: str, name: str, engine_options: dict,
         kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
     if role == "decode":
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
+    placement = {"label_selector": {ROLE_LABEL: role}} if spec.place_by_role else {}
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
-                                     max_concurrency=1000, max_restarts=0)
+                                     max_concurrency=1000, max_restarts=0, **placement)
     return remote.remote(**kwargs)
 
 
-def _wait_ready(actors: list, timeout_s: float) -> list[dict]:
+def _wait_ready(actors: list, timeout_s: float, hint: str = "") -> list[dict]:
     refs = [a.ready.remote() for a in actors]
     deadline = time.monotonic() + timeout_s
     try:
         return ray.get(refs, timeout=max(1.0, deadline - time.monotonic()))
     except ray.exceptions.GetTimeoutError as e:
-        raise ClusterStartError(f"node actors did not start within {timeout_s:.0f}s") from e
+        raise ClusterStartError(f"node actors did not start within {timeout_s:.0f}s{hint}") from e
     except ray.exceptions.RayActorError as e:
         cause = getattr(e, "cause", None) or e
         raise ClusterStartError(f"a node actor failed to start: {_first_line(cause)}") from e

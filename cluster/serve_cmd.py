@@ -40,6 +40,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--mixed-nodes", type=int, default=0, help="colocated prefill+decode nodes instead of PD")
     p.add_argument("--gpus-per-node", type=float, default=0.0)
     p.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
+    p.add_argument("--place-by-role", action="store_true",
+                   help="put each node actor on a Ray node labelled raypd.io/role=<its role> (cluster.yaml, Helm)")
     p.add_argument("--policy", default="cost", help="the Conductor's routing policy (default: cost)")
     p.add_argument("--topology", help="network topology file for the Conductor")
     p.add_argument("--host", default="127.0.0.1")
@@ -76,7 +78,7 @@ def config_from_args(args):
         prefill_nodes=pd_default if args.prefill_nodes is None else args.prefill_nodes,
         decode_nodes=pd_default if args.decode_nodes is None else args.decode_nodes,
         mixed_nodes=args.mixed_nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
-        engine_options=engine, transfer_options={"backend": args.transfer_backend}, policy=args.policy,
+        place_by_role=args.place_by_role, engine_options=engine, transfer_options={"backend": args.transfer_backend}, policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
         ingress_replicas=args.ingress_replicas)

@@ -25,6 +25,7 @@ class ServeConfig:
     mixed_nodes: int = 0
     cpus_per_node: float = 1.0
     gpus_per_node: float = 0.0
+    place_by_role: bool = False           # node actors only on Ray nodes labelled raypd.io/role=<role>
     engine_options: dict = field(default_factory=dict)
     transfer_options: dict = field(default_factory=dict)
     # Routing policy of the Conductor actor the node pool starts; the ingress routes through it.
@@ -86,5 +87,5 @@ class ServeConfig:
         return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,
                            mixed_nodes=self.mixed_nodes, model=self.model, engine_options=dict(self.engine_options),
                            transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
-                           gpus_per_node=self.gpus_per_node, name_prefix=self.app_name, policy=self.policy,
+                           gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name, policy=self.policy,
                            topology_file=self.topology)

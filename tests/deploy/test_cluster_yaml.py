@@ -28,7 +28,7 @@ from tests.deploy.conftest import CLUSTER_YAML
 
 RAY_MIN_WORKER_PORT = 10002          # `ray start --min-worker-port` default
 SERVE_FLAGS = {"--model", "--prefill-nodes", "--decode-nodes", "--mixed-nodes", "--gpus-per-node", "--policy",
-               "--topology", "--host", "--port", "--api-key", "--address"}
+               "--topology", "--host", "--port", "--api-key", "--address", "--place-by-role"}
 
 
 @pytest.fixture(scope="module")
@@ -143,24 +143,30 @@ def documented_serve_argv(raw) -> list[str]:
     return argv[2:]
 
 
-def test_documented_start_command_fits_the_node_types(raw):
-    argv = documented_serve_argv(raw)
-    flags = {a.split("=")[0] for a in argv if a.startswith("--")}
-    assert flags <= SERVE_FLAGS
-    opts = dict(zip(argv[::2], argv[1::2]))
-    assert opts["--address"] == "auto"
-    types = raw["available_node_types"]
-    assert 1 <= int(opts["--prefill-nodes"]) <= types["prefill_gpu"]["min_workers"]
-    assert 1 <= int(opts["--decode-nodes"]) <= types["decode_gpu"]["min_workers"]
-    assert int(opts["--gpus-per-node"]) == types["prefill_gpu"]["resources"]["GPU"] == types["decode_gpu"]["resources"]["GPU"]
-    assert opts["--host"] == "0.0.0.0"
-
-
-def test_documented_start_command_parses_with_the_cli(raw):
+def parsed_serve_args(raw):
     from cluster.cli import build_parser
 
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    if "serve" not in sub.choices:
-        pytest.skip("`raypd serve` is not in cluster/cli.py yet")
-    parser.parse_args(["serve", *documented_serve_argv(raw)])
+    return build_parser().parse_args(["serve", *documented_serve_argv(raw)])
+
+
+def test_documented_start_command_fits_the_node_types(raw):
+    argv = documented_serve_argv(raw)
+    assert {a.split("=")[0] for a in argv if a.startswith("--")} <= SERVE_FLAGS
+    args = parsed_serve_args(raw)
+    assert args.address == "auto"
+    types = raw["available_node_types"]
+    assert 1 <= args.prefill_nodes <= types["prefill_gpu"]["min_workers"]
+    assert 1 <= args.decode_nodes <= types["decode_gpu"]["min_workers"]
+    assert args.gpus_per_node == types["prefill_gpu"]["resources"]["GPU"] == types["decode_gpu"]["resources"]["GPU"]
+    assert args.host == "0.0.0.0"
+    # Actors go to the machines labelled for their role, and those labels exist on the node types.
+    assert args.place_by_role
+    assert types["prefill_gpu"]["labels"]["raypd.io/role"] == "prefill"
+    assert types["decode_gpu"]["labels"]["raypd.io/role"] == "decode"
+
+
+def test_documented_start_command_parses_into_a_serve_config(raw):
+    from cluster.serve_cmd import config_from_args
+
+    config = config_from_args(parsed_serve_args(raw))
+    assert config.place_by_role and config.cluster_spec().place_by_role

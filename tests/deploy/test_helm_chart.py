@@ -84,7 +84,12 @@ def test_default_serve_config(render):
     assert app["import_path"] == "cluster.serve_app:app_builder"
     assert app["route_prefix"] == "/"
     assert app["args"] == {"model": None, "prefill_nodes": 1, "decode_nodes": 1, "mixed_nodes": 0,
-                           "gpus_per_node": 1, "policy": "cost"}
+                           "gpus_per_node": 1, "place_by_role": True, "policy": "cost"}
+    # The app builder accepts them, and the role labels it places by are on every worker group.
+    from cluster.serve_config import ServeConfig
+    assert ServeConfig.from_args(dict(app["args"])).cluster_spec().place_by_role
+    groups = r.rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert {g["labels"]["raypd.io/role"] for g in groups} == {"prefill", "decode"}
     assert cfg["http_options"] == {"host": "0.0.0.0", "port": 8000}
     svc = r.rayservice["spec"]["serveService"]
     assert svc["metadata"]["name"] == "raypd-serve-svc"

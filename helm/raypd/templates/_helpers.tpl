@@ -136,6 +136,7 @@ error there). The API key is not an arg: the builder reads $RAYPD_API_KEY, set f
   "decode_nodes" (include "raypd.roleNodes" (list . "decode") | int)
   "mixed_nodes" (include "raypd.roleNodes" (list . "mixed") | int)
   "gpus_per_node" (int .Values.gpusPerNode)
+  "place_by_role" true
   "policy" .Values.serve.policy
 -}}
 {{- if .Values.topology.config -}}

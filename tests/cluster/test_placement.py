@@ -1,0 +1,46 @@
+"""Role placement on a real local Ray node labelled as a decode machine: with place_by_role a decode
+actor starts there and a prefill actor finds no node; without it the prefill actor starts too."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import ray
+
+from cluster.local_cluster import ROLE_LABEL, ClusterSpec, ClusterStartError, NodeCluster
+from tests.cluster.helpers import FAST_TRANSFER
+
+SPEC = ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 64}, transfer_options=FAST_TRANSFER,
+                   place_by_role=True)
+
+
+@pytest.fixture(scope="module")
+def decode_machine():
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, labels={ROLE_LABEL: "decode"}, include_dashboard=False, log_to_driver=False)
+    clusters: list[NodeCluster] = []
+    try:
+        yield clusters
+    finally:
+        for c in clusters:
+            c.stop()
+        ray.shutdown()
+
+
+def test_actors_go_only_to_nodes_labelled_with_their_role(decode_machine):
+    by_role = NodeCluster(SPEC, started_ray=False)
+    decode_machine.append(by_role)
+    (decode,) = by_role.add_nodes(["decode"])
+    assert decode.host.node_id == ray.get_runtime_context().get_node_id()
+    strict = NodeCluster(dataclasses.replace(SPEC, start_timeout_s=8.0, name_prefix="strict"), started_ray=False)
+    decode_machine.append(strict)
+    with pytest.raises(ClusterStartError, match="raypd.io/role=prefill"):
+        strict.add_nodes(["prefill"])  # no Ray node says raypd.io/role=prefill
+    assert strict.nodes == []
+
+
+def test_without_place_by_role_any_node_will_do(decode_machine):
+    anywhere = NodeCluster(dataclasses.replace(SPEC, place_by_role=False, name_prefix="anywhere"), started_ray=False)
+    decode_machine.append(anywhere)
+    (prefill,) = anywhere.add_nodes(["prefill"])
+    assert prefill.role == "prefill"
