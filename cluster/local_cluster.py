@@ -171,7 +171,14 @@ def _start_conductor(spec: ClusterSpec):
     config = replace(ConductorConfig(), policy=spec.policy, **spec.conductor_options)
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
-    return start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
+    conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
+    try:  # answered once constructed: nodes register with a Conductor that is there
+        ray.get(conductor.status.remote(), timeout=spec.start_timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise ClusterStartError(f"the Conductor did not start within {spec.start_timeout_s:.0f}s") from e
+    except ray.exceptions.RayActorError as e:
+        raise ClusterStartError(f"the Conductor failed to start: {_first_line(getattr(e, 'cause', None) or e)}") from e
+    return conductor
 
 
 def _create_actor(spec: ClusterSpec, role: str, name: str, engine_options: dict, transfer_options: dict):

@@ -27,7 +27,7 @@ from enum import Enum
 
 from engine.errors import InvalidRequestError
 from engine.outputs import StepOutput
-from kvtransfer import KVReceiver, TransferConfig, TransferState
+from kvtransfer import KVReceiver, TransferState
 from node.aux_slots import AuxSlots
 from node.messages import NodeRequest, StreamEnd, TokenChunk
 from node.node_base import NodeBase
@@ -61,7 +61,7 @@ class DecodeNode(NodeBase):
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
                  prealloc_timeout_s: float | None = None):
         super().__init__(name, model, engine_options, num_cpus)
-        self.transfer_config = TransferConfig(**(transfer_options or {}))
+        self.transfer_config = self._transfer_config(transfer_options)
         # The prefill side waits bootstrap_timeout_s for our destination, so waiting longer for
         # memory here would only reserve blocks for a room the prefill node has already dropped.
         self.prealloc_timeout_s = min(prealloc_timeout_s or self.transfer_config.bootstrap_timeout_s,
@@ -91,7 +91,7 @@ class DecodeNode(NodeBase):
             if not req.bootstrap_address:
                 raise InvalidRequestError("a decode request needs the prefill node's bootstrap address",
                                           "bootstrap_address")
-            self.engine._validate(req.prompt_token_ids, req.params)
+            self.engine.validate(req.prompt_token_ids, req.params)
         except InvalidRequestError as e:
             self.streams.push(TokenChunk(rid, (), finished=True, error=str(e)))
             return

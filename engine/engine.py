@@ -79,7 +79,7 @@ class LLMEngine:
 
     def _new_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None,
                      prefill_only: bool = False) -> Request:
-        ids = self._validate(prompt_token_ids, params, prefill_only)
+        ids = self.validate(prompt_token_ids, params, prefill_only)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {rid!r}", "request_id")
@@ -93,8 +93,11 @@ class LLMEngine:
         return Request(rid, ids, params, frozenset(stops),
                        max_total_tokens=min(len(ids) + new, mc.max_position_embeddings))
 
-    def _validate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                  prefill_only: bool = False) -> list[int]:
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                 prefill_only: bool = False) -> list[int]:
+        """The checks add_request makes, without adding: InvalidRequestError if this engine could
+        never serve the request (bad ids, over the context, more KV blocks than it has); the ids.
+        Nodes call it before taking a room, so a bad request fails before any peer waits on it."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", "params")
         ids = list(prompt_token_ids)
@@ -164,6 +167,8 @@ class LLMEngine:
         req.num_computed_tokens = req.num_prompt_tokens
         req.num_cached_tokens = num_cached_tokens
         req.token_ids.append(first_token)
+        if not params.greedy:
+            self.sampler.skip_draw(req, self.model_config.vocab_size)  # the prefill node drew the first token
         self.requests[request_id] = req
         self.scheduler.add_running(req)
         return self._emit(req, first_token)

@@ -38,6 +38,12 @@ class Sampler:
             tokens[i] = int((probs[j] / noise).argmax())
         return tokens
 
+    def skip_draw(self, req: Request, vocab_size: int) -> None:
+        """Advance the request's generator past one token's noise, as if this sampler had drawn the
+        token another engine drew (PD: the prefill node samples the first token with the same seed),
+        so a seeded request continues the stream it would have had on one engine."""
+        torch.empty(vocab_size, device=self.device).exponential_(generator=self._generator(req))
+
     def _generator(self, req: Request) -> torch.Generator:
         g = self._generators.get(req.request_id)
         if g is None:

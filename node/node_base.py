@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.engine import LLMEngine
+from kvtransfer.config import TransferConfig
 from engine.outputs import StepOutput
 from node.engine_loop import EngineLoop
 from node.host import host_info
@@ -43,6 +44,11 @@ class NodeBase(ABC):
         self.started_at = time.time()
         self._conductor_link = None
         self.metrics = NodeMetrics()  # no-op outside Ray
+
+    def _transfer_config(self, options: dict | None) -> TransferConfig:
+        """The node's kvtransfer options; sockets bind to the node's own IP unless told otherwise, so
+        peers on other machines reach them (loopback would only serve one box)."""
+        return TransferConfig(**{"host": self.host.ip, **(options or {})})
 
     # -- Ray-callable, every role -------------------------------------------------------------------
     async def ready(self) -> dict:

@@ -25,7 +25,7 @@ from enum import Enum
 from engine.errors import InvalidRequestError
 from engine.outputs import StepOutput
 from engine.request import RequestStatus
-from kvtransfer import KVReceiver, KVSender, TransferConfig, TransferState
+from kvtransfer import KVReceiver, KVSender, TransferState
 from node.aux_slots import AuxRecord, AuxSlots
 from node.messages import NodeRequest, PrefillResult
 from node.node_base import NodeBase
@@ -61,7 +61,7 @@ class PrefillNode(NodeBase):
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256):
         super().__init__(name, model, engine_options, num_cpus)
-        self.transfer_config = TransferConfig(**(transfer_options or {}))
+        self.transfer_config = self._transfer_config(transfer_options)
         self.aux = AuxSlots(aux_slots, self.engine.device)
         self.sender = KVSender(self.engine.kv_cache.pool, self.aux.buffer, self.transfer_config, name=name)
         # Receives prefixes other prefill nodes copy here (migration); the same pool, its own endpoint.
@@ -105,7 +105,7 @@ class PrefillNode(NodeBase):
             reply.set(PrefillResult(req.request_id, False, f"request id {req.request_id!r} is already on this node"))
             return
         try:
-            self.engine._validate(req.prompt_token_ids, req.params, prefill_only=True)
+            self.engine.validate(req.prompt_token_ids, req.params, prefill_only=True)
             self.sender.add_room(req.room)
         except Exception as e:  # bad prompt, duplicate room: the decode side learns by bootstrap timeout or Abort
             reply.set(PrefillResult(req.request_id, False, str(e)))

@@ -72,7 +72,9 @@ def test_pd_chunked_prefill(cluster, prompt_ids, hf_reference):
 def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
     driver = RequestDriver(cluster.nodes)
     decode = node(cluster, "decode-1")
-    check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-1"), decode=decode), hf_reference)
+    # prefill-0 holds every prompt in its prefix cache by now, so the prompts reach the decode node
+    # together and outgrow its memory together (a chunked prefill node would trickle them in).
+    check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-0"), decode=decode), hf_reference)
     assert ray.get(decode.actor.stats.remote())["num_retractions"] > 0
     assert_idle(cluster.nodes)
 

@@ -1,5 +1,6 @@
 """Role placement on a real local Ray node labelled as a decode machine: with place_by_role a decode
-actor starts there and a prefill actor finds no node; without it the prefill actor starts too."""
+actor starts there and a prefill actor finds no node; without it the prefill actor starts too, with its
+bootstrap server on the node's IP."""
 from __future__ import annotations
 
 import dataclasses
@@ -44,3 +45,6 @@ def test_without_place_by_role_any_node_will_do(decode_machine):
     decode_machine.append(anywhere)
     (prefill,) = anywhere.add_nodes(["prefill"])
     assert prefill.role == "prefill"
+    # Its bootstrap server listens on the Ray node's IP, which decode nodes on other machines can reach.
+    assert prefill.bootstrap_address.startswith(f"tcp://{prefill.host.ip}:")
+    assert prefill.host.ip == ray.util.get_node_ip_address()

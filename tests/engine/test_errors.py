@@ -29,6 +29,17 @@ def test_request_larger_than_the_cache(make_llm):
     assert llm.generate([list(range(100, 150))], SamplingParams(max_tokens=8, temperature=0))[0].finish_reason
 
 
+def test_validate_checks_without_adding(make_llm):
+    eng = make_llm(num_blocks=4, block_size=16).engine
+    params = SamplingParams(max_tokens=8)
+    assert eng.validate([5, 6, 7], params) == [5, 6, 7] and not eng.requests
+    with pytest.raises(InvalidRequestError, match="KV blocks"):
+        eng.validate(list(range(100, 160)), params)  # 68 tokens need 5 blocks
+    # A prefill-only request needs room for its prompt and one token, not for max_tokens.
+    assert len(eng.validate(list(range(100, 160)), params, prefill_only=True)) == 60
+    assert not eng.requests
+
+
 def test_one_bad_prompt_in_a_batch_leaves_nothing_behind(llm):
     with pytest.raises(InvalidRequestError):
         llm.generate(["fine", [999999]], SamplingParams(max_tokens=4))

@@ -53,6 +53,18 @@ def test_prefill_then_decode_equals_reference(make_llm, prompt_ids, hf_reference
     assert got == hf_reference
 
 
+def test_seeded_sampling_continues_the_single_engine_stream(make_llm, prompt_ids):
+    # The prefill engine draws the first token; the decode engine must go on from the second draw of
+    # the same seeded generator, so PD gives what one engine gives.
+    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(len(prompt_ids))]
+    single = make_llm()
+    want = [o.token_ids for o in single.generate(prompt_ids, params)]
+    prefill, decode = make_llm(max_running_requests=5), make_llm(max_running_requests=6)
+    got = [run_split(prefill, decode, [ids], p)[0] for ids, p in zip(prompt_ids, params)]
+    assert got == want
+    assert len({tuple(t) for t in got}) > 1
+
+
 def test_decode_retracts_and_recomputes(make_llm, prompt_ids, hf_reference):
     # Enough blocks for the longest request alone, far too few for all of them at once.
     longest = max(len(ids) for ids in prompt_ids) + NEW_TOKENS
