@@ -52,6 +52,8 @@ def parse(argv):
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--policies", default="cost,cache_aware,least_loaded,round_robin")
     ap.add_argument("--shared-prompts", type=int, default=64, help="system prompts replicated across nodes")
+    ap.add_argument("--no-pending", action="store_true",
+                    help="Conductor without pending prefixes (measures what counting routed blocks costs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
@@ -97,7 +99,7 @@ class Fleet:
 def build_core(args, policy: str, fleet: Fleet | None, rng: random.Random):
     n_prefill = int(args.nodes * args.prefill_share)
     topo, hosts = build_topology(GPU, args.nodes)
-    cfg: ConductorConfig = conductor_config(GPU, policy, block_size=BS)
+    cfg: ConductorConfig = conductor_config(GPU, policy, block_size=BS, pending_prefixes=not args.no_pending)
     core = ConductorCore(cfg, topo, clock=time.time)
     names = []
     for i in range(args.nodes):

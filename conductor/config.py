@@ -74,6 +74,10 @@ class ConductorConfig:
     tbt_slo_s: float | None = None
     verify_hashes: bool = True      # recompute every BlockStored hash with engine.block_hash
     resync_timeout_s: float = 30.0
+    # Count a routed prompt's blocks as held by its prefill node until its KV events report them
+    # (pending_prefixes.py), for at most pending_ttl_factor x the decision's TTFT estimate (>= 1 s).
+    pending_prefixes: bool = True
+    pending_ttl_factor: float = 2.0
     cost: CostConfig = field(default_factory=CostConfig)
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     migration: MigrationConfig = field(default_factory=MigrationConfig)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,9 @@ from conductor.estimates import DecodeStepModel, PrefillTimeModel
 from conductor.load_table import LoadTable
 from conductor.metrics import ConductorMetrics
 from conductor.migration import MigrationPlan, MigrationPlanner
+from conductor.pending_prefixes import PendingPrefixes
 from conductor.policies import RoutingPolicy, RoutingView, make_policy
-from conductor.prefix_index import ApplyResult, PrefixIndex, bits
+from conductor.prefix_index import ApplyResult, PrefixIndex, PrefixMatch, bits
 from conductor.registry import NodeInfo, NodeRegistry
 from conductor.topology import Topology
 from engine.kv_events import BlockStored
@@ -60,6 +61,7 @@ class ConductorCore:
         self.clock = clock
         self.registry = NodeRegistry(config.heartbeat_timeout_s, clock)
         self.index = PrefixIndex(verify_hashes=config.verify_hashes, default_block_size=config.block_size)
+        self.pending = PendingPrefixes()
         self.topology = topology if topology is not None else Topology()
         self.table = LoadTable()
         c = config.cost
@@ -109,6 +111,7 @@ class ConductorCore:
     def _forget(self, info: NodeInfo) -> None:
         """A dead node leaves every part at once: index entries, load arrays, its migrations."""
         self.index.remove_node(info.name)
+        self.pending.remove_slot(info.slot)
         self.table.remove(info.slot)
         for _ in self.planner.drop_node(info.name, self.clock()):
             self.metrics.migration("failed")
@@ -156,9 +159,10 @@ class ConductorCore:
         now = self.clock() if now is None else now
         if block_hashes is not None and set(block_hashes) != set(self.index.block_sizes()):
             block_hashes = None   # hashed for other block sizes than the nodes use: redo it here
-        match = self.index.match(prompt_token_ids, self.registry.num_slots, block_hashes)
+        indexed = self.index.match(prompt_token_ids, self.registry.num_slots, block_hashes)
+        match = self._with_pending(indexed, now)
         view = RoutingView(request_id, len(prompt_token_ids), match, now, self.table, self.topology,
-                           self.prefill_model, self.decode_model, self.config, self._names)
+                           self.prefill_model, self.decode_model, self.config, self._names, held=indexed)
         d = self.policy.route(view)
         d.decided_at = now
         cfg = self.config
@@ -179,11 +183,33 @@ class ConductorCore:
         dn = self.registry.get_alive(d.decode_node)
         self.table.add_pending_prefill(p.slot, d.prompt_tokens - d.predicted_cached_tokens, now)
         self.table.add_pending_decode(dn.slot, d.prompt_tokens, now)
+        if cfg.pending_prefixes:
+            bs = self.index.node_block_size(p.name) or cfg.block_size
+            chain = match.hashes.get(bs) or next(iter(match.hashes.values()), [])
+            # Only what the node does not hold yet: a cache hit adds just the new question's blocks.
+            known = indexed.tokens(p.slot) // bs
+            self.pending.add(p.slot, chain, now + max(cfg.pending_ttl_factor * d.est_ttft_s, 1.0), start=known)
         if cfg.migration.enabled:
-            d.migration = self._consider_migration(view, prompt_token_ids, now)
+            # Migration copies what nodes hold, so it reasons on the index alone.
+            d.migration = self._consider_migration(replace(view, match=indexed), prompt_token_ids, now)
         d.latency_s = time.perf_counter() - t0
         self._record(d)
         return d
+
+    def _with_pending(self, indexed: PrefixMatch, now: float) -> PrefixMatch:
+        """The index's match, raised on each node to the blocks routed there and not yet reported."""
+        if not self.config.pending_prefixes:
+            return indexed
+        self.pending.expire(now)
+        if not len(self.pending):
+            return indexed
+        tokens = indexed.tokens_by_slot.copy()
+        for bs, chain in indexed.hashes.items():
+            ahead = self.pending.tokens_by_slot(chain, bs, len(tokens), self.index.holder_masks)
+            np.maximum(tokens, ahead[:len(tokens)], out=tokens)
+        best = int(tokens.max()) if len(tokens) else 0
+        best_slots = np.flatnonzero(tokens == best).tolist() if best else []
+        return PrefixMatch(indexed.num_tokens, indexed.hashes, tokens, best, best_slots)
 
     def _consider_migration(self, view: RoutingView, token_ids: Sequence[int], now: float) -> MigrationPlan | None:
         deep = view.match.deepest_hash()

@@ -177,6 +177,11 @@ class PrefixIndex:
         best_slots = np.flatnonzero(tokens_by_slot == best).tolist() if best else []
         return PrefixMatch(len(token_ids), hashes, tokens_by_slot, best, best_slots)
 
+    @property
+    def holder_masks(self) -> dict[int, int]:
+        """block hash -> bitmask of holder slots; the live dict, for read-only walks (pending_prefixes)."""
+        return self._holders
+
     def holders(self, block_hash: int) -> list[int]:
         return bits(self._holders.get(block_hash, 0))
 

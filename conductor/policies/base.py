@@ -36,6 +36,13 @@ class RoutingView:
     decode_model: DecodeStepModel
     config: ConductorConfig
     names: list[str]            # node name by slot
+    # What nodes hold by their KV events, when `match` also counts blocks routed to a node and not
+    # yet reported (core.py, pending_prefixes.py): only held blocks can be fetched from a node.
+    held: PrefixMatch | None = None
+
+    @property
+    def fetchable(self) -> PrefixMatch:
+        return self.held if self.held is not None else self.match
 
     @property
     def prefill_slots(self) -> np.ndarray:

@@ -39,7 +39,7 @@ class CostPolicy(RoutingPolicy):
         queued, speed, queue_s = view.queue_s(ps)
         ttft = queue_s + model.estimate(n - cached, cached, speed)
 
-        best = view.match.best_tokens
+        best = view.fetchable.best_tokens
         fetch_s = np.zeros(len(ps))
         use_fetch = np.zeros(len(ps), dtype=bool)
         holder = -1
@@ -99,6 +99,6 @@ class CostPolicy(RoutingPolicy):
     def _holder(view: RoutingView) -> int:
         """Among the nodes holding the best match, the one with the shortest queue serves fetches
         (its egress competes with its own work least)."""
-        holders = np.array(view.match.best_slots)
+        holders = np.array(view.fetchable.best_slots)
         q = view.table.prefill_queue_tokens(holders)
         return int(holders[int(np.argmin(q))])

@@ -26,6 +26,9 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 ENDLESS = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
 FAIL_FAST = {**FAST_TRANSFER, "bootstrap_timeout_s": 20.0}
 HANG_GUARD_S = 90  # a request still open after this is a hang, whatever the machine's speed
+# ~50 prefill steps of 16 tokens on the slow prefill nodes: seconds in QUEUED even on a busy machine,
+# so a test can freeze the decode node before the prefill ends.
+SLOW_PROMPT = list(range(1000, 1800))
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +166,7 @@ def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids, sink
 def test_abort_in_prefill_inflight(cluster, prompt_ids, sink):
     prefill, decode = frozen_decode_pair(cluster)
     try:
-        req = request(long_prompt(prompt_ids), ENDLESS, prefill=prefill, sink=sink)
+        req = request(SLOW_PROMPT, ENDLESS, prefill=prefill, sink=sink)
         result = prefill.actor.prefill.remote(req)
         decoding = decode.actor.generate.remote(req)
         wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
@@ -186,11 +189,10 @@ def test_abort_in_prefill_inflight(cluster, prompt_ids, sink):
             cluster.remove(n)
 
 
-def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids, hf_reference, sink):
+def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids, sink):
     prefill, decode = frozen_decode_pair(cluster)
-    long_i = prompt_ids.index(long_prompt(prompt_ids))
     try:
-        inflight = request(prompt_ids[long_i], prefill=prefill, sink=sink)
+        inflight = request(SLOW_PROMPT, prefill=prefill, sink=sink)
         inflight_result = prefill.actor.prefill.remote(inflight)
         inflight_end = decode.actor.generate.remote(inflight)
         wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
@@ -209,7 +211,7 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
         # the frozen side on this transport): then the decode node rightly goes on; else it fails.
         chunks = final_of(sink, inflight_end)
         tokens = [t for c in chunks for t in c.token_ids]
-        assert chunks[-1].error or tokens == hf_reference[long_i]
+        assert chunks[-1].error or (chunks[-1].finish_reason in ("stop", "length") and tokens)
         final = final_of(sink, waiting_end)[-1]
         assert final.error and "sender" in final.error and not final.token_ids
         assert_idle([decode])

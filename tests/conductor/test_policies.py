@@ -32,6 +32,9 @@ TOPO = {
 
 
 def make_core(policy: str, **cfg) -> ConductorCore:
+    # Hand-built states: a node holds what its events say, not also what was routed to it before
+    # (test_pending_prefixes.py covers that).
+    cfg.setdefault("pending_prefixes", False)
     config = ConductorConfig(policy=policy, block_size=BS, cost=CostConfig(
         kv_bytes_per_token=100_000, default_prefill_tokens_per_s=1000.0, attention_coeff=0.0,
         **cfg.pop("cost", {})), **cfg)
