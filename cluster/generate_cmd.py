@@ -33,6 +33,9 @@ def add_generate_parser(sub) -> None:
     c.add_argument("--address", help="join this Ray cluster instead of starting a local one")
     c.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
     c.add_argument("--gpus-per-node", type=float, default=0.0)
+    c.add_argument("--policy", default="cost",
+                   help="the Conductor's routing policy (round_robin, least_loaded, cache_aware, cost); "
+                        "none = no Conductor, the driver's round-robin")
     c.add_argument("--place-by-role", action="store_true",
                    help="put each node actor on a Ray node labelled raypd.io/role=<its role>")
     c.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")

@@ -7,7 +7,7 @@ step per caller: the measured cheap path, see node/streams.py); the request's en
 death come over Ray, as the generate() call's return or error. Whatever happens - a node dies,
 nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
 final chunk, and both nodes are told to abort a request that did not end there.
-Nodes are picked round-robin until the Conductor routes.
+Callers pass the nodes a router chose (the Conductor); without them the driver picks round-robin.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`raypd generate --mode pd|mixed` as a user runs it: a subprocess that starts its own local Ray
-cluster and node actors, sends every prompt at once, and prints JSON lines equal to the reference."""
+cluster, node actors and (by default) the Conductor that routes each prompt, sends every prompt at
+once, and prints JSON lines equal to the reference."""
 from __future__ import annotations
 
 import json
@@ -34,16 +35,20 @@ def run_cli(*args: str) -> list[dict]:
 @pytest.mark.parametrize("args", [
     ("--mode", "pd", "--prefill-nodes", "1", "--decode-nodes", "1"),
     ("--mode", "pd", "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5"),
-    ("--mode", "mixed", "--mixed-nodes", "2"),
-], ids=["pd-1+1", "pd-2+2", "mixed-2"])
+    ("--mode", "mixed", "--mixed-nodes", "2", "--policy", "none"),   # no Conductor: the driver's round-robin
+], ids=["pd-1+1", "pd-2+2", "mixed-2-no-conductor"])
 def test_cluster_modes_match_reference(args, prompt_file, hf_reference):
     rows = run_cli("--input", str(prompt_file), "--num-blocks", "512", *args)
     assert [r["token_ids"] for r in rows] == hf_reference
     assert [r["finish_reason"] for r in rows] == ["stop" if len(ref) < NEW_TOKENS else "length" for ref in hf_reference]
 
 
-def test_bad_cluster_arguments_fail_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "cluster.cli", "generate", "--mode", "pd", "--prefill-nodes", "0",
-                           "hello"], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("args, message", [
+    (("--prefill-nodes", "0"), "--mode pd needs"),
+    (("--policy", "random"), "unknown --policy 'random'"),
+])
+def test_bad_cluster_arguments_fail_with_one_line(args, message):
+    proc = subprocess.run([sys.executable, "-m", "cluster.cli", "generate", "--mode", "pd", *args, "hello"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("raypd generate: error: --mode pd needs")
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"raypd generate: error: {message}")
