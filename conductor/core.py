@@ -207,9 +207,7 @@ class ConductorCore:
         for bs, chain in indexed.hashes.items():
             ahead = self.pending.tokens_by_slot(chain, bs, len(tokens), self.index.holder_masks)
             np.maximum(tokens, ahead[:len(tokens)], out=tokens)
-        best = int(tokens.max()) if len(tokens) else 0
-        best_slots = np.flatnonzero(tokens == best).tolist() if best else []
-        return PrefixMatch(indexed.num_tokens, indexed.hashes, tokens, best, best_slots)
+        return PrefixMatch.of(indexed.num_tokens, indexed.hashes, tokens)
 
     def _consider_migration(self, view: RoutingView, token_ids: Sequence[int], now: float) -> MigrationPlan | None:
         deep = view.match.deepest_hash()

@@ -65,6 +65,12 @@ class PrefixMatch:
     best_tokens: int = 0
     best_slots: list[int] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, num_tokens: int, hashes: dict[int, list[int]], tokens_by_slot: np.ndarray) -> PrefixMatch:
+        best = int(tokens_by_slot.max()) if len(tokens_by_slot) else 0
+        best_slots = np.flatnonzero(tokens_by_slot == best).tolist() if best else []
+        return cls(num_tokens, hashes, tokens_by_slot, best, best_slots)
+
     def tokens(self, slot: int) -> int:
         return int(self.tokens_by_slot[slot]) if slot < len(self.tokens_by_slot) else 0
 
@@ -173,9 +179,7 @@ class PrefixIndex:
             users = self._slots_mask(bs) if len(hashes) > 1 else -1
             for slot, blocks in self._walk(chain, users):
                 tokens_by_slot[slot] = blocks * bs
-        best = int(tokens_by_slot.max()) if len(tokens_by_slot) else 0
-        best_slots = np.flatnonzero(tokens_by_slot == best).tolist() if best else []
-        return PrefixMatch(len(token_ids), hashes, tokens_by_slot, best, best_slots)
+        return PrefixMatch.of(len(token_ids), hashes, tokens_by_slot)
 
     @property
     def holder_masks(self) -> dict[int, int]:
