@@ -64,7 +64,8 @@ def median_summary(reps: list[dict]) -> dict:
 # -- raypd ----------------------------------------------------------------------------------------
 def make_engine(args) -> LLMEngine:
     return LLMEngine(None, max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill_size=args.chunked_prefill_size,
-                     max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads, dtype=args.dtype)
+                     max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads, dtype=args.dtype,
+                     cpu_kernels=args.cpu_kernels)
 
 
 def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
@@ -158,6 +159,8 @@ PROFILE_TARGETS = {  # name -> (file suffix, function name)
     "runner_run": ("engine/model_runner.py", "run"),
     "forward": ("engine/model.py", "forward"),
     "paged_attention": ("engine/attention.py", "paged_attention"),
+    "decode_kernel": ("engine/native_attention.py", "__call__"),
+    "linear": ("engine/linear.py", "__call__"),
     "sample": ("engine/sampler.py", "sample"),
 }
 
@@ -178,7 +181,9 @@ def profile_raypd(args, work: list[BenchRequest], conc: int, dump: Path) -> dict
            for k, (sfx, fn) in PROFILE_TARGETS.items()}
     parts = {
         "model_forward": cum["forward"],
+        "  of which projections (linear.py, incl. LM head)": cum["linear"],
         "  of which paged_attention": cum["paged_attention"],
+        "    of which the native decode kernel": cum["decode_kernel"],
         "sampler_sample": cum["sample"],
         "tensor_building (runner.run - forward - sample)": cum["runner_run"] - cum["forward"] - cum["sample"],
         "scheduler_schedule": cum["schedule"],
@@ -243,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="raypd only; hf is float32")
+    ap.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
+                    help="raypd's CPU fast paths; torch measures the plain-torch path")
     ap.add_argument("--repeats", type=int, default=1, help="runs per system and level; the report quotes medians")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--chunked-prefill-size", type=int, default=256)

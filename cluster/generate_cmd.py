@@ -52,6 +52,8 @@ def add_generate_parser(sub) -> None:
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     e.add_argument("--device", default="auto")
     e.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
+                   help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
     p.set_defaults(run=run_generate)
 
 
@@ -81,7 +83,7 @@ def engine_options(args) -> dict:
     return dict(block_size=args.block_size, num_blocks=args.num_blocks, chunked_prefill_size=args.chunked_prefill_size,
                 max_num_batched_tokens=args.max_num_batched_tokens, max_running_requests=args.max_running_requests,
                 schedule_policy=args.schedule_policy, enable_prefix_cache=not args.no_prefix_cache,
-                dtype=args.dtype, device=args.device, num_threads=args.threads)
+                dtype=args.dtype, device=args.device, num_threads=args.threads, cpu_kernels=args.cpu_kernels)
 
 
 def run_generate(args) -> int:

@@ -62,6 +62,8 @@ def add_serve_parser(sub) -> None:
     e.add_argument("--chunked-prefill-size", type=int, default=256)
     e.add_argument("--max-running-requests", type=int, default=64)
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
+                   help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
     p.set_defaults(run=run_serve)
 
 
@@ -70,7 +72,7 @@ def config_from_args(args):
 
     pd_default = 0 if args.mixed_nodes else 1
     engine = {"block_size": args.block_size, "chunked_prefill_size": args.chunked_prefill_size,
-              "max_running_requests": args.max_running_requests, "dtype": args.dtype}
+              "max_running_requests": args.max_running_requests, "dtype": args.dtype, "cpu_kernels": args.cpu_kernels}
     if args.num_blocks is not None:
         engine["num_blocks"] = args.num_blocks
     return ServeConfig(

@@ -14,8 +14,10 @@ reading a request's context is one index_select of whole runs that lands directl
 - A prefill chunk starting at position 0 attends over its own fresh K/V (causal).
 - A chunk after cached or earlier tokens reads its context from the pool, with a causal mask
   offset by its start.
-- All single-token queries (decodes) run as one batched attention: the g query heads sharing a KV
-  head are laid out as g query rows against that head's keys, masked by context length.
+- All single-token queries (decodes) run as one batched attention. With the native kernel
+  (native_attention.py) it reads each request's blocks in place; on the torch path the g query
+  heads sharing a KV head are laid out as g query rows against that head's gathered keys, padded
+  to the longest context and masked by context length.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import PagedKVCache
+from engine.native_attention import NativeDecodeAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +42,13 @@ class PrefillSegment:
 @dataclass(frozen=True, slots=True)
 class DecodeBatch:
     q_index: torch.Tensor  # [D] offsets of the decode tokens in the flattened batch
-    context_runs: torch.Tensor  # [D * KVH * W] layer-0 K runs, padded to W blocks
-    mask: torch.Tensor  # [D, 1, 1, W * block_size] True where the slot is inside the request's context
+    # torch path:
+    context_runs: torch.Tensor | None = None  # [D * KVH * W] layer-0 K runs, padded to W blocks
+    mask: torch.Tensor | None = None  # [D, 1, 1, W * block_size] True where the slot is inside the context
+    # native path:
+    kernel: NativeDecodeAttention | None = None
+    tables: torch.Tensor | None = None  # [D, W] block ids, padded
+    ctx_lens: torch.Tensor | None = None  # [D] tokens of context including the decode token
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +82,10 @@ def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             vs = kv.run_rows.index_select(0, runs + v_runs).view(1, kvh, -1, hd)[:, :, :ctx]
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, enable_gqa=True)
         out[seg.q_start:end] = o.squeeze(0).transpose(0, 1)
-    if meta.decode is not None:
-        d = meta.decode
+    d = meta.decode
+    if d is not None and d.kernel is not None:
+        out[d.q_index] = d.kernel(kv.pool, layer, q.index_select(0, d.q_index), d.tables, d.ctx_lens)
+    elif d is not None:
         n = d.q_index.shape[0]
         qd = q.index_select(0, d.q_index).view(n, kvh, -1, hd)  # g query rows per KV head
         runs = d.context_runs + run_base

@@ -20,6 +20,11 @@ class EngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"  # "auto": cuda when available, else cpu
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # CPU fast paths: decode attention that reads KV blocks in place (native_attention.py, float32)
+    # and projections on prepacked oneDNN weights (linear.py). "torch": plain torch ops only (any
+    # device; the reference path). "native": require both, error if unavailable. "auto": each one
+    # where it applies, else torch.
+    cpu_kernels: Literal["auto", "native", "torch"] = "auto"
     seed: int = 0  # seeds the per-request generators of requests that bring no seed
     # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
     # each step, jumps back after a retraction). Lower admits more and risks retraction.
@@ -39,5 +44,7 @@ class EngineConfig:
         if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
             raise ConfigError("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1, got "
                               f"{self.min_new_token_ratio} and {self.init_new_token_ratio}")
+        if self.cpu_kernels not in ("auto", "native", "torch"):
+            raise ConfigError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Sequence
 
 import torch
 
+from engine import native_attention
 from engine.block_allocator import BlockAllocator
 from engine.config import EngineConfig
 from engine.errors import ConfigError, InvalidRequestError
 from engine.kv_cache import PagedKVCache
 from engine.kv_events import KVEventCallback
+from engine.linear import packing_unavailable
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.model_source import resolve_model
+from engine.native_attention import KernelUnavailable, NativeDecodeAttention
 from engine.outputs import BlockAccounting, StepOutput
 from engine.radix_cache import RadixCache
 from engine.request import Request, RequestStatus
@@ -24,6 +28,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.tokenizer import Tokenizer
 from engine.weights import build_weights, read_safetensors
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,7 +46,8 @@ class LLMEngine:
         self.model_config = mc = ModelConfig.from_hf(json.loads((self.model_dir / "config.json").read_text()))
         self.tokenizer = Tokenizer(self.model_dir)
         weights = build_weights(mc, read_safetensors(self.model_dir), dtype, self.device)
-        self.model = LlamaModel(mc, weights, self.device, dtype)
+        self.model = LlamaModel(mc, weights, self.device, dtype, packed_linears=self._use_packed_linears(cfg, dtype))
+        del weights  # the model keeps what it uses (packed copies replace the projections)
 
         self.num_blocks = cfg.num_blocks or self._blocks_for_memory(mc, dtype)
         self.kv_cache = PagedKVCache(mc, self.num_blocks, cfg.block_size, dtype, self.device)
@@ -53,11 +60,36 @@ class LLMEngine:
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
         self.sampler = Sampler(self.device, cfg.seed)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device)
+        self.decode_kernel = self._decode_kernel(cfg, mc)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device, self.decode_kernel)
         self.requests: dict[str, Request] = {}
         self.reservations: dict[object, list[int]] = {}
         self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)  # PD decode: blocks waiting for a transfer
         self._ids = itertools.count()
+
+    def _use_packed_linears(self, cfg: EngineConfig, dtype: torch.dtype) -> bool:
+        if cfg.cpu_kernels == "torch":
+            return False
+        why_not = packing_unavailable(self.device, dtype)
+        if why_not is not None and cfg.cpu_kernels == "native":
+            raise ConfigError(f"cpu_kernels='native': packed linears are unavailable: {why_not}")
+        if why_not is not None:
+            log.info("projections through F.linear: %s", why_not)
+        return why_not is None
+
+    def _decode_kernel(self, cfg: EngineConfig, mc: ModelConfig) -> NativeDecodeAttention | None:
+        if cfg.cpu_kernels == "torch":
+            return None
+        why_not = native_attention.supports(self.kv_cache.pool, mc.num_heads)
+        if why_not is None:
+            try:
+                return NativeDecodeAttention(cfg.num_threads or torch.get_num_threads())
+            except KernelUnavailable as e:
+                why_not = str(e)
+        if cfg.cpu_kernels == "native":
+            raise ConfigError(f"cpu_kernels='native': the decode-attention kernel is unavailable: {why_not}")
+        log.info("decode attention on the torch path: %s", why_not)
+        return None
 
     def _blocks_for_memory(self, mc: ModelConfig, dtype: torch.dtype) -> int:
         per_block = PagedKVCache.bytes_per_block(mc, self.config.block_size, dtype)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, paged_attention
 from engine.kv_cache import PagedKVCache
+from engine.linear import Linear
 from engine.model_config import ModelConfig
 from engine.rope import RotaryTable, apply_rotary
 
@@ -43,10 +44,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+@dataclass(slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, device: torch.device, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, device: torch.device, dtype: torch.dtype,
+                 packed_linears: bool = False):
+        """packed_linears: run projections through oneDNN with prepacked weights (linear.py); the
+        unpacked copies are not kept."""
         self.cfg = cfg
-        self.w = weights
+        self.embed = weights.embed
+        self.norm = weights.norm
+        self.layers = [_Layer(lw.input_norm, Linear(lw.qkv, lw.qkv_bias, packed_linears), Linear(lw.o, None, packed_linears),
+                              lw.post_norm, Linear(lw.gate_up, None, packed_linears), Linear(lw.down, None, packed_linears))
+                       for lw in weights.layers]
+        self.lm_head = Linear(weights.lm_head, None, packed_linears)
         self.rope = RotaryTable(cfg, device, dtype)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -54,21 +73,21 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv: PagedKVCache, logits_index: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        h = F.embedding(input_ids, self.w.embed)
+        h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope.lookup(positions)
         heads = cfg.num_heads
-        for i, lw in enumerate(self.w.layers):
+        for i, lw in enumerate(self.layers):
             x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
-            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            qkv = lw.qkv(x)
             # Rotate q and k heads in one pass, then split.
             qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(-1, heads + cfg.num_kv_heads, cfg.head_dim),
                               cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
             a = paged_attention(i, q, k, v, kv, meta)
-            h = h + F.linear(a.flatten(1), lw.o)
+            h = h + lw.o(a.flatten(1))
             x = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, lw.down)
-        h = rms_norm(h[logits_index], self.w.norm, cfg.rms_norm_eps)
-        return F.linear(h, self.w.lm_head).float()
+            gate, up = lw.gate_up(x).chunk(2, dim=-1)
+            h = h + lw.down(F.silu(gate) * up)
+        h = rms_norm(h[logits_index], self.norm, cfg.rms_norm_eps)
+        return self.lm_head(h).float()

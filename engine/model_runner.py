@@ -11,13 +11,16 @@ import torch
 from engine.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from engine.kv_cache import PagedKVCache
 from engine.model import LlamaModel
+from engine.native_attention import NativeDecodeAttention
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: PagedKVCache, sampler: Sampler, device: torch.device):
+    def __init__(self, model: LlamaModel, kv_cache: PagedKVCache, sampler: Sampler, device: torch.device,
+                 decode_kernel: NativeDecodeAttention | None = None):
         self.model = model
+        self.decode_kernel = decode_kernel
         self.kv = kv_cache
         self.sampler = sampler
         self.device = device
@@ -44,7 +47,7 @@ class ModelRunner:
             # slot of (token, head) = run of (its block, head) * bs + offset in block; token-major
             write.append((runs[:, positions // bs].T * bs + (positions % bs)[:, None]).ravel())
             if n == 1:
-                decodes.append((offset, runs, ctx))
+                decodes.append((offset, table if self.decode_kernel else runs, ctx))
             elif start == 0:
                 prefills.append(PrefillSegment(offset, n, 0, None, None))
             else:
@@ -70,16 +73,24 @@ class ModelRunner:
         return self._heads[:, None] + (table * self.kv.runs_per_block)[None, :]
 
     def _decode_batch(self, decodes: list[tuple[int, np.ndarray, int]]) -> DecodeBatch | None:
+        """decodes: (offset, block table or runs, ctx) per decode token."""
         if not decodes:
             return None
+        q_index = self._tensor(np.asarray([o for o, _, _ in decodes], dtype=np.int64))
+        if self.decode_kernel is not None:
+            width = max(len(table) for _, table, _ in decodes)
+            tables = np.zeros((len(decodes), width), dtype=np.int64)  # padding is never read
+            for i, (_, table, _) in enumerate(decodes):
+                tables[i, :len(table)] = table
+            return DecodeBatch(q_index=q_index, kernel=self.decode_kernel, tables=torch.from_numpy(tables),
+                               ctx_lens=torch.from_numpy(np.asarray([c for _, _, c in decodes], dtype=np.int64)))
         width = max(runs.shape[1] for _, runs, _ in decodes)
         padded = np.zeros((len(decodes), self.kv.kv_heads, width), dtype=np.int64)  # run 0 pads, masked out
         for i, (_, runs, _) in enumerate(decodes):
             padded[i, :, :runs.shape[1]] = runs
         lengths = np.asarray([ctx for _, _, ctx in decodes])
         mask = np.arange(width * self.block_size)[None, :] < lengths[:, None]
-        return DecodeBatch(q_index=self._tensor(np.asarray([o for o, _, _ in decodes], dtype=np.int64)),
-                           context_runs=self._tensor(padded.ravel()),
+        return DecodeBatch(q_index=q_index, context_runs=self._tensor(padded.ravel()),
                            mask=torch.from_numpy(mask).to(self.device)[:, None, None, :])
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:

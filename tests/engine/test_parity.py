@@ -16,7 +16,10 @@ def assert_same(outputs, reference):
 
 
 def test_all_prompts_together(make_llm, prompt_ids, hf_reference):
-    assert_same(make_llm().generate(prompt_ids, GREEDY), hf_reference)
+    llm = make_llm()
+    # The default on a CPU box is the fast path; a silent fallback to torch would go unnoticed here.
+    assert llm.engine.decode_kernel is not None and llm.engine.model.lm_head.packed
+    assert_same(llm.generate(prompt_ids, GREEDY), hf_reference)
 
 
 def test_one_prompt_at_a_time(make_llm, prompt_ids, hf_reference):
@@ -63,3 +66,10 @@ def test_shared_prefix_is_reused_within_one_batch(make_llm, prompt_ids, hf_refer
     outs = llm.generate(prompt_ids[5:7], GREEDY)
     assert_same(outs, hf_reference[5:7])
     assert outs[1].num_cached_tokens >= 300
+
+
+def test_plain_torch_kernels(make_llm, prompt_ids, hf_reference):
+    # The path GPUs and non-float32 pools take: F.linear and gathered SDPA instead of the CPU kernels.
+    llm = make_llm(cpu_kernels="torch")
+    assert llm.engine.decode_kernel is None and not llm.engine.model.lm_head.packed
+    assert_same(llm.generate(prompt_ids, GREEDY), hf_reference)

@@ -1,0 +1,107 @@
+"""The CPU fast paths against plain torch: the C decode-attention kernel over a paged pool, and the
+prepacked oneDNN linear. No model; a tiny pool with the real layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, ConfigError, SamplingParams
+from engine import native_attention
+from engine.linear import Linear, packing_unavailable
+from engine.native_attention import KernelUnavailable, NativeDecodeAttention
+
+LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 3, 2, 64, 16
+
+
+def reference(pool, layer, q, tables, ctx_lens):
+    """Gather each request's context and attend in float64 (GQA: query head j reads KV head j // g)."""
+    out = torch.empty_like(q)
+    g = q.shape[1] // KV_HEADS
+    for d, (table, ctx) in enumerate(zip(tables.tolist(), ctx_lens.tolist())):
+        blocks = pool[table[:-(-ctx // BLOCK)], layer]  # [b, 2, KVH, bs, hd]
+        k = blocks[:, 0].permute(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)[:, :ctx].double()
+        v = blocks[:, 1].permute(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)[:, :ctx].double()
+        for h in range(q.shape[1]):
+            w = torch.softmax(k[h // g] @ q[d, h].double() * HEAD_DIM ** -0.5, dim=0)
+            out[d, h] = (w @ v[h // g]).float()
+    return out
+
+
+def random_batch(rng, num_blocks, ctx_lens, heads):
+    pool = torch.from_numpy(rng.standard_normal((num_blocks, LAYERS, 2, KV_HEADS, BLOCK, HEAD_DIM), dtype=np.float32))
+    width = max(-(-c // BLOCK) for c in ctx_lens)
+    ids = rng.permutation(num_blocks)
+    tables = np.full((len(ctx_lens), width), -1, dtype=np.int64)  # padding the kernel must never read
+    used = 0
+    for i, c in enumerate(ctx_lens):
+        n = -(-c // BLOCK)
+        tables[i, :n] = ids[used:used + n]
+        used += n
+    q = torch.from_numpy(rng.standard_normal((len(ctx_lens), heads, HEAD_DIM), dtype=np.float32))
+    return pool, q, torch.from_numpy(tables), torch.tensor(ctx_lens, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("heads", [2, 6])  # MHA and GQA with 3 query heads per KV head
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_kernel_matches_gathered_attention(heads, threads):
+    rng = np.random.default_rng(heads * 10 + threads)
+    ctx_lens = [1, 15, 16, 17, 40, 100, 3]  # block edges, one-token and partial last blocks
+    pool, q, tables, ctx = random_batch(rng, 40, ctx_lens, heads)
+    before = pool.clone()
+    kernel = NativeDecodeAttention(threads)
+    for layer in range(LAYERS):
+        torch.testing.assert_close(kernel(pool, layer, q, tables, ctx), reference(pool, layer, q, tables, ctx),
+                                   atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool, before)
+
+
+def test_decode_kernel_is_the_same_on_any_thread_count():
+    pool, q, tables, ctx = random_batch(np.random.default_rng(7), 64, [5, 300, 77, 160, 33, 250], 6)
+    one = NativeDecodeAttention(1)(pool, 1, q, tables, ctx)
+    assert torch.equal(one, NativeDecodeAttention(4)(pool, 1, q, tables, ctx))  # one task = one thread's sums
+
+
+def test_supports_names_what_the_kernel_cannot_read():
+    pool = torch.zeros(2, LAYERS, 2, KV_HEADS, BLOCK, HEAD_DIM)
+    assert native_attention.supports(pool, 6) is None
+    assert "bfloat16" in native_attention.supports(pool.bfloat16(), 6)
+    assert "heads" in native_attention.supports(pool, 5)
+
+
+def test_no_compiler_is_a_typed_error_and_auto_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYPD_CACHE_DIR", str(tmp_path))  # nothing built yet in this cache
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    native_attention._load_library.cache_clear()
+    try:
+        with pytest.raises(KernelUnavailable, match="no-such-cc"):
+            NativeDecodeAttention(1)
+        llm = LLM(num_blocks=16)  # auto: packed linears still on, attention on the torch path
+        assert llm.engine.decode_kernel is None and llm.engine.model.lm_head.packed
+        assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))[0].finish_reason
+    finally:
+        native_attention._load_library.cache_clear()  # later tests load the real build again
+    monkeypatch.undo()
+    assert NativeDecodeAttention(1) is not None
+
+
+def test_native_is_an_error_where_it_cannot_run(make_llm):
+    with pytest.raises(ConfigError, match="cpu_kernels='native'"):
+        make_llm(cpu_kernels="native", dtype="float16", num_blocks=8)
+    with pytest.raises(ConfigError, match="cpu_kernels"):
+        make_llm(cpu_kernels="fast", num_blocks=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 32, 300])
+def test_packed_linear_matches_f_linear(dtype, rows):
+    assert packing_unavailable(torch.device("cpu"), dtype) is None
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 48, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(rows, 48, generator=g).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for bias in (None, b):
+        packed = Linear(w, bias, packed=True)
+        assert packed.packed
+        torch.testing.assert_close(packed(x).float(), F.linear(x, w, bias).float(), atol=tol, rtol=tol)
