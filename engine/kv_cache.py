@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import host_memory
 from engine.model_config import ModelConfig
 
 
@@ -20,8 +21,9 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kv_heads = cfg.num_kv_heads
-        self.pool = torch.zeros(num_blocks, cfg.num_layers, 2, cfg.num_kv_heads, block_size, cfg.head_dim,
-                                dtype=dtype, device=device)
+        # Huge pages on the host: cross-process KV writes (CMA) pin every page they touch.
+        self.pool = host_memory.zeros((num_blocks, cfg.num_layers, 2, cfg.num_kv_heads, block_size, cfg.head_dim),
+                                      dtype, device)
         # Two row views of the same memory; attention.py explains the index arithmetic.
         self.slot_rows = self.pool.view(-1, cfg.head_dim)  # one token of one head
         self.run_rows = self.pool.view(-1, block_size * cfg.head_dim)  # one block of one head

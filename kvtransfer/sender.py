@@ -255,6 +255,9 @@ class KVSender(Endpoint):
         try:
             r.xfer = self.backend.write(r.peer, src, r.dst_blocks, src_aux if with_aux else None,
                                         r.dst_aux if with_aux else None, schema.notification_for(room))
+            # CMA writes usually finish inside write(): stamp the landing now, not a loop pass later.
+            if self.backend.poll(r.xfer) == S.SUCCESS:
+                r.t_landed = self.rooms.clock()
         except PeerDisconnectedError as e:
             self._peer_dead(r.peer, str(e))
         except KVTransferError as e:
@@ -289,7 +292,7 @@ class KVSender(Endpoint):
             self.backend.release(r.xfer)
             r.xfer = None
             if state == S.SUCCESS:
-                r.t_landed = self.rooms.clock()
+                r.t_landed = r.t_landed or self.rooms.clock()
             if r.aborting:
                 self._finish_abort(r)
             elif err is not None:
