@@ -9,7 +9,10 @@ two strided rows, so index i < num_blocks is block i and num_blocks + s is aux s
 
 A write is then one make_prepped_xfer over int32 index arrays sorted by destination, which NIXL
 merges into one descriptor per run of adjacent blocks (initialize_xfer would not merge), plus the
-aux slot, with the notification attached: it reaches the peer after all of it landed.
+aux slot. The notification is sent on its own (send_notif) once the write is DONE, so it reaches
+the peer after all of it landed. Attached to the write instead, it kept the write in PROC until the
+peer's next progress call had taken the notification: measured on CMA, one 720 KiB block took
+1.1 ms with it attached against 0.04 ms without, 11 MiB 0.94 ms against 0.73 ms.
 
 Progress. With nixl_progress_thread off (the default) nothing moves unless someone calls into the
 agent; the endpoint's loop does, on both sides (the receiver calls notifications() every pass),
@@ -55,6 +58,7 @@ class _Xfer:
     peer: str
     handle: Any
     state: TransferState
+    notification: bytes | None  # sent to the peer when the write is DONE, then None
     error: KVTransferError | None = None
 
 
@@ -142,15 +146,15 @@ class NixlBackend(TransferBackend):
         xfer = XferId(next(self._ids))
         try:
             handle = self.agent.make_prepped_xfer("WRITE", self._local, local_idx.astype(np.int32), remote,
-                                                  remote_idx.astype(np.int32), bytes(notification))
+                                                  remote_idx.astype(np.int32), b"")
         except Exception as e:
             raise self._classify(e) from e
-        x = _Xfer(peer, handle, TransferState.TRANSFERRING)
+        x = _Xfer(peer, handle, TransferState.TRANSFERRING, bytes(notification))
         self._xfers[xfer] = x
         try:
             status = self.agent.transfer(handle)  # with CMA the whole copy happens here (GIL released)
-            # What is left after transfer() returns (often the notification's send) needs only
-            # progress calls: a few now save the loop's next pass (~0.2-0.5 ms for a one-block write).
+            # What is left after transfer() returns needs only progress calls: a few now save the
+            # loop's next pass.
             deadline = time.perf_counter() + _FINISH_SPIN_S
             while status == "PROC" and time.perf_counter() < deadline:
                 status = self.agent.check_xfer_state(handle)
@@ -211,6 +215,13 @@ class NixlBackend(TransferBackend):
     # -- helpers ---------------------------------------------------------------------------------
     def _apply(self, x: _Xfer, status: str) -> None:
         if status == "DONE":
+            if x.notification is not None:
+                msg, x.notification = x.notification, None
+                try:
+                    self.agent.send_notif(x.peer, msg)
+                except Exception as e:
+                    self._finish(x, self._classify(e))
+                    return
             x.state = TransferState.SUCCESS
         elif status != "PROC":
             self._finish(x, TransferError(f"nixl reported {status}"))
