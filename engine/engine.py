@@ -71,10 +71,8 @@ class LLMEngine:
         if cfg.cpu_kernels == "torch":
             return False
         why_not = packing_unavailable(self.device, dtype)
-        if why_not is not None and cfg.cpu_kernels == "native":
-            raise ConfigError(f"cpu_kernels='native': packed linears are unavailable: {why_not}")
         if why_not is not None:
-            log.info("projections through F.linear: %s", why_not)
+            self._fall_back(cfg, "packed linears", "projections through F.linear", why_not)
         return why_not is None
 
     def _decode_kernel(self, cfg: EngineConfig, mc: ModelConfig) -> NativeDecodeAttention | None:
@@ -86,10 +84,15 @@ class LLMEngine:
                 return NativeDecodeAttention(cfg.num_threads or torch.get_num_threads())
             except KernelUnavailable as e:
                 why_not = str(e)
-        if cfg.cpu_kernels == "native":
-            raise ConfigError(f"cpu_kernels='native': the decode-attention kernel is unavailable: {why_not}")
-        log.info("decode attention on the torch path: %s", why_not)
+        self._fall_back(cfg, "the decode-attention kernel", "decode attention on the torch path", why_not)
         return None
+
+    @staticmethod
+    def _fall_back(cfg: EngineConfig, part: str, instead: str, why_not: str) -> None:
+        """A fast path cannot run: an error when the caller asked for it, else a log line."""
+        if cfg.cpu_kernels == "native":
+            raise ConfigError(f"cpu_kernels='native': {part} unavailable: {why_not}")
+        log.info("%s: %s", instead, why_not)
 
     def _blocks_for_memory(self, mc: ModelConfig, dtype: torch.dtype) -> int:
         per_block = PagedKVCache.bytes_per_block(mc, self.config.block_size, dtype)
