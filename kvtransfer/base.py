@@ -110,7 +110,8 @@ class TransferBackend(ABC):
     @abstractmethod
     def notifications(self) -> list[Notification]:
         """Notifications of writes into this endpoint that completed since the last call. Calling this
-        (or poll) is also what makes progress when the backend has no thread of its own."""
+        is also what makes progress when the backend has no thread of its own, on both sides (nixl:
+        the writer's notifications go out only then; poll() advances just the write it polls)."""
 
     @abstractmethod
     def close(self) -> None:
