@@ -15,8 +15,8 @@ named `<endpoint>.notify`, made at the first add_peer) rather than the one that 
 once a notification (a UCX active message) has gone out on the writing agent's endpoint to a peer,
 the next write to that peer does not complete until the peer has next called into NIXL (the
 write's flush waits for a round trip through the peer's progress engine), so the prefill's write
-completion hung on the decode side's loop. Measured on CMA with the peer progressing every 0.2 ms, one 720 KiB block:
-0.25-0.32 ms median (p90 up to 1.4 ms) with notifications on the writing agent, 0.06 ms (p90
+completion hung on the decode side's loop. Measured on CMA with the peer progressing every 0.2 ms,
+one 720 KiB block: 0.25-0.32 ms median (p90 up to 1.4 ms) with notifications on the writing agent, 0.06 ms (p90
 0.07) through the notifier, 0.04-0.15 ms with no notifications at all; with the peer progressing
 every 20 ms, 10 ms against 0.15 ms. Attaching the notification to the write was worse still (the
 write stayed PROC until the peer had taken it). The receiver sees the notifier's name and
@@ -71,10 +71,13 @@ class _Xfer:
     error: KVTransferError | None = None
 
 
+def _agent_name(name: str | bytes) -> str:
+    return name.decode() if isinstance(name, bytes) else name  # 1.5.1 returns bytes, notif keys are str
+
+
 def _writer_of(agent_name: str | bytes) -> str:
     """The writing agent's name for a notification's sender (its notifier agent)."""
-    name = agent_name.decode() if isinstance(agent_name, bytes) else agent_name
-    return name.removesuffix(_NOTIFIER_SUFFIX)
+    return _agent_name(agent_name).removesuffix(_NOTIFIER_SUFFIX)
 
 
 def _strided_table(layout: PoolLayout) -> np.ndarray:
@@ -127,13 +130,11 @@ class NixlBackend(TransferBackend):
             raise PeerError("nixl peer metadata lacks the agent blob")
         layout = PoolLayout.from_wire(d.get("layout"))
         self.layout.check_peer(layout)
-        name = self.agent.add_remote_agent(d["agent"])
-        name = name.decode() if isinstance(name, bytes) else name  # 1.5.1 returns bytes, notif keys are str
+        name = _agent_name(self.agent.add_remote_agent(d["agent"]))
         if name in self._peers:
             # The peer restarted under the same name: drop the stale tables before loading new ones.
             self.remove_peer(name)
-            name = self.agent.add_remote_agent(d["agent"])
-            name = name.decode() if isinstance(name, bytes) else name
+            name = _agent_name(self.agent.add_remote_agent(d["agent"]))
         remote = self.agent.prep_xfer_dlist(name, _strided_table(layout), layout.mem_type)
         info = PeerInfo(name, layout)
         self._peers[name] = (info, remote)
@@ -156,7 +157,8 @@ class NixlBackend(TransferBackend):
         entry = self._peers.pop(name, None)
         if entry is None:
             return
-        steps = [("release its table", entry[1].release), ("remove the agent", lambda: self.agent.remove_remote_agent(name))]
+        steps = [("release its table", entry[1].release),
+                 ("remove the agent", lambda: self.agent.remove_remote_agent(name))]
         if self._notifier is not None:
             steps.append(("remove the notifier's agent", lambda: self._notifier.remove_remote_agent(name)))
         for step, call in steps:
