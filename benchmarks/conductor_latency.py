@@ -32,13 +32,13 @@ import tracemalloc
 
 import numpy as np
 
-from conductor.config import ConductorConfig
-from conductor.core import ConductorCore
-from conductor.policies import RoutingView
-from conductor.sim.profiles import GPU, build_topology, conductor_config
-from engine.block_hash import ROOT_HASH, chained_block_hashes
-from engine.kv_events import BlockStored
-from node.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.conductor.config import ConductorConfig
+from raypd.conductor.core import ConductorCore
+from raypd.conductor.policies import RoutingView
+from raypd.conductor.sim.profiles import GPU, build_topology, conductor_config
+from raypd.protocol.block_hash import ROOT_HASH, chained_block_hashes
+from raypd.protocol.kv_events import BlockStored
+from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 
 BS = 16
 

@@ -30,11 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.workloads import BenchRequest, no_reuse_workload  # noqa: E402
-from engine import LLMEngine, SamplingParams  # noqa: E402
-from engine.model_source import resolve_model  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from raypd.benchmarks.workloads import BenchRequest, no_reuse_workload
+from raypd.engine import LLMEngine, SamplingParams
+from raypd.engine.model.source import resolve_model
+from raypd.engine.tokenizer import Tokenizer
 
 WARMUP_TEXT = "Warm up: say hello."
 

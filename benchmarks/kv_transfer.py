@@ -45,11 +45,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine import host_memory  # noqa: E402
-from kvtransfer import KVReceiver, KVSender, TransferConfig  # noqa: E402
-from kvtransfer import TransferState as S  # noqa: E402
-from kvtransfer.descriptors import coalesce_runs  # noqa: E402
+from raypd.engine.cache import host_memory
+from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
+from raypd.kvtransfer import TransferState as S
+from raypd.kvtransfer.descriptors import coalesce_runs
 
 SMOLLM2_BLOCK_BYTES = 737_280
 HANDOFF_BLOCKS = 16

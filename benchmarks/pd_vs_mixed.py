@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.workloads import english_text
-from cluster.local_cluster import ClusterSpec, NodeCluster
-from cluster.request_driver import RequestDriver
-from engine.model_source import resolve_model
-from engine.sampling_params import SamplingParams
-from engine.tokenizer import Tokenizer
+from raypd.benchmarks.workloads import english_text
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.engine.model.source import resolve_model
+from raypd.engine.sampling_params import SamplingParams
+from raypd.engine.tokenizer import Tokenizer
 
 
 @dataclass

@@ -26,10 +26,10 @@ import sys
 import time
 from dataclasses import asdict
 
-from conductor.sim.profiles import PROFILES
-from conductor.sim.report import goodput_sweep, oracle_hit_rate, summarize
-from conductor.sim.simulator import Simulation
-from conductor.sim.workload import load_mooncake_trace, reusable_share, shared_prefix_workload
+from raypd.conductor.sim.profiles import PROFILES
+from raypd.conductor.sim.report import goodput_sweep, oracle_hit_rate, summarize
+from raypd.conductor.sim.simulator import Simulation
+from raypd.conductor.sim.workload import load_mooncake_trace, reusable_share, shared_prefix_workload
 
 ALL_POLICIES = "round_robin,least_loaded,cache_aware,cost,cost+migration"
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from dataclasses import replace
 
-    from conductor.sim.profiles import conductor_config
+    from raypd.conductor.sim.profiles import conductor_config
 
     cost_cfg = replace(conductor_config(profile, "cost", block_size=bs).cost, allow_fetch=not args.no_fetch)
 

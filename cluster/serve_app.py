@@ -14,9 +14,9 @@ from dataclasses import fields
 
 from ray.serve import Application
 
-from cluster.ingress import OpenAIIngress
-from cluster.serve_config import ServeConfig, ServeConfigError
-from cluster.serve_nodes import NodePool
+from raypd.cluster.serve.ingress import OpenAIIngress
+from raypd.cluster.serve.config import ServeConfig, ServeConfigError
+from raypd.cluster.serve.node_pool import NodePool
 
 
 def build_serve_app(config: ServeConfig) -> Application:

@@ -24,17 +24,17 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "ConductorConfig": "conductor.config", "ConductorCore": "conductor.core",
-    "RouteDecision": "conductor.decision", "PrefixIndex": "conductor.prefix_index",
-    "NodeRegistry": "conductor.registry", "Topology": "conductor.topology",
-    "MigrationPlan": "conductor.migration", "AdmissionRejected": "conductor.errors",
-    "ConductorError": "conductor.errors", "Conductor": "conductor.actor",
-    "start_conductor": "conductor.actor",
+    "ConductorConfig": "raypd.conductor.config", "ConductorCore": "raypd.conductor.core",
+    "RouteDecision": "raypd.conductor.decision", "PrefixIndex": "raypd.conductor.prefix_index",
+    "NodeRegistry": "raypd.conductor.registry", "Topology": "raypd.conductor.topology",
+    "MigrationPlan": "raypd.conductor.migration", "AdmissionRejected": "raypd.conductor.errors",
+    "ConductorError": "raypd.conductor.errors", "Conductor": "raypd.conductor.actor",
+    "start_conductor": "raypd.conductor.actor",
 }
 __all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'conductor' has no attribute {name!r}")
+        raise AttributeError(f"module 'raypd.conductor' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -35,14 +35,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from conductor.config import ConductorConfig
-from conductor.core import ConductorCore
-from conductor.decision import RouteDecision
-from conductor.errors import UnknownNodeError
-from conductor.metrics import ConductorMetrics
-from conductor.migration import MigrationPlan
-from conductor.topology import Topology
-from node.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.conductor.config import ConductorConfig
+from raypd.conductor.core import ConductorCore
+from raypd.conductor.decision import RouteDecision
+from raypd.conductor.errors import UnknownNodeError
+from raypd.conductor.metrics import ConductorMetrics
+from raypd.conductor.migration import MigrationPlan
+from raypd.conductor.topology import Topology
+from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from conductor.config import ConductorConfig
-from conductor.decision import DecisionLog, RouteDecision
-from conductor.errors import AdmissionRejected, UnknownNodeError
-from conductor.estimates import DecodeStepModel, PrefillTimeModel
-from conductor.load_table import LoadTable
-from conductor.metrics import ConductorMetrics
-from conductor.migration import MigrationPlan, MigrationPlanner
-from conductor.pending_prefixes import PendingPrefixes
-from conductor.policies import RoutingPolicy, RoutingView, make_policy
-from conductor.prefix_index import ApplyResult, PrefixIndex, PrefixMatch, bits
-from conductor.registry import NodeInfo, NodeRegistry
-from conductor.topology import Topology
-from engine.kv_events import BlockStored
-from node.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.conductor.config import ConductorConfig
+from raypd.conductor.decision import DecisionLog, RouteDecision
+from raypd.conductor.errors import AdmissionRejected, UnknownNodeError
+from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
+from raypd.conductor.load_table import LoadTable
+from raypd.conductor.metrics import ConductorMetrics
+from raypd.conductor.migration import MigrationPlan, MigrationPlanner
+from raypd.conductor.pending_prefixes import PendingPrefixes
+from raypd.conductor.policies import RoutingPolicy, RoutingView, make_policy
+from raypd.conductor.prefix_index import ApplyResult, PrefixIndex, PrefixMatch, bits
+from raypd.conductor.registry import NodeInfo, NodeRegistry
+from raypd.conductor.topology import Topology
+from raypd.protocol.kv_events import BlockStored
+from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 
 _PREDICTIONS_KEPT = 4096
 

@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from node.messages import LoadReport
+from raypd.protocol.messages import LoadReport
 
 _FIELDS = ("queued", "speed", "waiting", "running", "inflight", "free_blocks", "total_blocks",
            "cached_blocks", "step_time", "pending_tokens", "pending_decode", "pending_decode_tokens")

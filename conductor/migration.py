@@ -33,8 +33,8 @@ from enum import IntEnum
 
 import numpy as np
 
-from conductor.config import MigrationConfig
-from conductor.hot_prefix import HotPrefix, HotPrefixTracker
+from raypd.conductor.config import MigrationConfig
+from raypd.conductor.hot_prefix import HotPrefix, HotPrefixTracker
 
 
 class MigrationStatus(IntEnum):

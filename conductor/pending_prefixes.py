@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conductor.prefix_index import bits
+from raypd.conductor.prefix_index import bits
 
 
 STRIDE = 8

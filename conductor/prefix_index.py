@@ -28,9 +28,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from conductor.errors import HashSchemeMismatch, UnknownNodeError
-from engine.block_hash import chained_block_hashes
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from raypd.conductor.errors import HashSchemeMismatch, UnknownNodeError
+from raypd.protocol.block_hash import chained_block_hashes
+from raypd.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 class SyncState(IntEnum):

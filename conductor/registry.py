@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NewType
 
-from conductor.errors import InvalidRoleError, UnknownNodeError
-from node.messages import HostInfo, LoadReport
+from raypd.conductor.errors import InvalidRoleError, UnknownNodeError
+from raypd.protocol.messages import HostInfo, LoadReport
 
 NodeName = NewType("NodeName", str)
 Role = Literal["prefill", "decode", "mixed"]

@@ -23,7 +23,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from conductor.errors import TopologyError
+from raypd.conductor.errors import TopologyError
 
 TOR_LABEL = "raypd.io/tor"
 SPINE_LABEL = "raypd.io/spine"

@@ -25,12 +25,12 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from engine.errors import InvalidRequestError
-from engine.outputs import StepOutput
-from kvtransfer import KVReceiver, TransferState
-from node.aux_slots import AuxSlots
-from node.messages import NodeRequest, StreamEnd, TokenChunk
-from node.node_base import NodeBase
+from raypd.engine.errors import InvalidRequestError
+from raypd.engine.outputs import StepOutput
+from raypd.kvtransfer import KVReceiver, TransferState
+from raypd.node.aux_slots import AuxSlots
+from raypd.protocol.messages import NodeRequest, StreamEnd, TokenChunk
+from raypd.node.node_base import NodeBase
 
 log = logging.getLogger(__name__)
 S = TransferState

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.errors import ConfigError
+from raypd.engine.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

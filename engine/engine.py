@@ -8,26 +8,26 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import native_attention
-from engine.block_allocator import BlockAllocator
-from engine.config import EngineConfig
-from engine.errors import ConfigError, InvalidRequestError
-from engine.kv_cache import PagedKVCache
-from engine.kv_events import KVEventCallback
-from engine.linear import packing_unavailable
-from engine.model import LlamaModel
-from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
-from engine.model_source import resolve_model
-from engine.native_attention import KernelUnavailable, NativeDecodeAttention
-from engine.outputs import BlockAccounting, StepOutput
-from engine.radix_cache import RadixCache
-from engine.request import Request, RequestStatus
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.tokenizer import Tokenizer
-from engine.weights import build_weights, read_safetensors
+from raypd.engine.model import native_attention
+from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.config import EngineConfig
+from raypd.engine.errors import ConfigError, InvalidRequestError
+from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.protocol.kv_events import KVEventCallback
+from raypd.engine.model.linear import packing_unavailable
+from raypd.engine.model.llama import LlamaModel
+from raypd.engine.model.config import ModelConfig
+from raypd.engine.model_runner import ModelRunner
+from raypd.engine.model.source import resolve_model
+from raypd.engine.model.native_attention import KernelUnavailable, NativeDecodeAttention
+from raypd.engine.outputs import BlockAccounting, StepOutput
+from raypd.engine.cache.radix_cache import RadixCache
+from raypd.engine.request import Request, RequestStatus
+from raypd.engine.sampler import Sampler
+from raypd.engine.sampling_params import SamplingParams
+from raypd.engine.scheduler import Scheduler, SchedulerConfig
+from raypd.engine.tokenizer import Tokenizer
+from raypd.engine.model.weights import build_weights, read_safetensors
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.engine import LLMEngine
-from engine.errors import InvalidRequestError
-from engine.outputs import CompletionOutput
-from engine.sampling_params import SamplingParams
+from raypd.engine.engine import LLMEngine
+from raypd.engine.errors import InvalidRequestError
+from raypd.engine.outputs import CompletionOutput
+from raypd.engine.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | dict
 

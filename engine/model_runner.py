@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata, DecodeBatch, PrefillSegment
-from engine.kv_cache import PagedKVCache
-from engine.model import LlamaModel
-from engine.native_attention import NativeDecodeAttention
-from engine.sampler import Sampler
-from engine.scheduler import ScheduledBatch
+from raypd.engine.model.attention import AttentionMetadata, DecodeBatch, PrefillSegment
+from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.model.llama import LlamaModel
+from raypd.engine.model.native_attention import NativeDecodeAttention
+from raypd.engine.sampler import Sampler
+from raypd.engine.scheduler import ScheduledBatch
 
 
 class ModelRunner:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from engine.sampling_params import SamplingParams
+from raypd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.radix_cache import RadixNode
+    from raypd.engine.cache.radix_cache import RadixNode
 
 
 class RequestStatus(IntEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import Request
+from raypd.engine.request import Request
 
 
 class Sampler:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequestError
+from raypd.engine.errors import InvalidRequestError
 
 
 @dataclass(frozen=True, slots=True)

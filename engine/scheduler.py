@@ -21,9 +21,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.block_allocator import BlockAllocator
-from engine.radix_cache import RadixCache
-from engine.request import Request, RequestStatus
+from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.radix_cache import RadixCache
+from raypd.engine.request import Request, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)

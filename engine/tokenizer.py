@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.errors import InvalidRequestError
+from raypd.engine.errors import InvalidRequestError
 
 
 class Tokenizer:

@@ -21,15 +21,15 @@
 """
 from __future__ import annotations
 
-from kvtransfer.base import (Notification, PeerInfo, TransferBackend, TransferState, XferId, backend_names,
+from raypd.kvtransfer.base import (Notification, PeerInfo, TransferBackend, TransferState, XferId, backend_names,
                              create_backend, register_backend)
-from kvtransfer.config import TransferConfig
-from kvtransfer.endpoint import EndpointStats
-from kvtransfer.errors import (BackendUnavailableError, BlockIdError, KVTransferError, LayoutError,
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.endpoint import EndpointStats
+from raypd.kvtransfer.errors import (BackendUnavailableError, BlockIdError, KVTransferError, LayoutError,
                                PeerDisconnectedError, PeerError, RoomError, SchemaError, TransferError)
-from kvtransfer.layout import PoolLayout
-from kvtransfer.receiver import KVReceiver
-from kvtransfer.sender import KVSender
+from raypd.kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.receiver import KVReceiver
+from raypd.kvtransfer.sender import KVSender
 
 __all__ = [
     "BackendUnavailableError", "BlockIdError", "EndpointStats", "KVReceiver", "KVSender", "KVTransferError",

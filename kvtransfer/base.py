@@ -17,9 +17,9 @@ from typing import NewType
 import numpy as np
 import torch
 
-from kvtransfer.config import TransferConfig
-from kvtransfer.errors import BackendUnavailableError, KVTransferError
-from kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.errors import BackendUnavailableError, KVTransferError
+from raypd.kvtransfer.layout import PoolLayout
 
 XferId = NewType("XferId", int)
 
@@ -120,9 +120,9 @@ class TransferBackend(ABC):
 
 # name -> "module:Class"; modules load on first use, so `nixl` is imported only by those who ask.
 _REGISTRY: dict[str, str | type[TransferBackend]] = {
-    "nixl": "kvtransfer.nixl_backend:NixlBackend",
-    "tcp": "kvtransfer.tcp_backend:TcpBackend",
-    "fake": "kvtransfer.fake_backend:FakeBackend",
+    "nixl": "raypd.kvtransfer.nixl_backend:NixlBackend",
+    "tcp": "raypd.kvtransfer.tcp_backend:TcpBackend",
+    "fake": "raypd.kvtransfer.fake_backend:FakeBackend",
 }
 
 

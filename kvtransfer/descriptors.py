@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtransfer.errors import BlockIdError
+from raypd.kvtransfer.errors import BlockIdError
 
 
 def as_block_ids(ids: object, limit: int, what: str) -> np.ndarray:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from kvtransfer.base import TransferState, create_backend
-from kvtransfer.config import TransferConfig
-from kvtransfer.endpoint_loop import EndpointLoop
-from kvtransfer.rooms import Room, RoomTable
+from raypd.kvtransfer.base import TransferState, create_backend
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.endpoint_loop import EndpointLoop
+from raypd.kvtransfer.rooms import Room, RoomTable
 
 
 @dataclass(frozen=True, slots=True)

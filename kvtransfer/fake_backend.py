@@ -14,9 +14,9 @@ import msgpack
 import numpy as np
 import torch
 
-from kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
-from kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
-from kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from raypd.kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
+from raypd.kvtransfer.layout import PoolLayout
 
 _FABRIC: weakref.WeakValueDictionary[str, FakeBackend] = weakref.WeakValueDictionary()
 _ids = itertools.count(1)

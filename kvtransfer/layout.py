@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kvtransfer.errors import LayoutError
+from raypd.kvtransfer.errors import LayoutError
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,10 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
-from kvtransfer.errors import (BackendUnavailableError, KVTransferError, PeerDisconnectedError, PeerError,
+from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from raypd.kvtransfer.errors import (BackendUnavailableError, KVTransferError, PeerDisconnectedError, PeerError,
                                TransferError)
-from kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.layout import PoolLayout
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ import logging
 
 import zmq
 
-from kvtransfer import bootstrap_schema as schema
-from kvtransfer.base import TransferState
-from kvtransfer.bootstrap_client import BootstrapLink
-from kvtransfer.config import TransferConfig
-from kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
-from kvtransfer.endpoint import Endpoint
-from kvtransfer.rooms import Room
+from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.base import TransferState
+from raypd.kvtransfer.bootstrap.client import BootstrapLink
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
+from raypd.kvtransfer.endpoint import Endpoint
+from raypd.kvtransfer.rooms import Room
 
 log = logging.getLogger(__name__)
 S = TransferState

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtransfer.base import TransferState, XferId
-from kvtransfer.errors import RoomError
+from raypd.kvtransfer.base import TransferState, XferId
+from raypd.kvtransfer.errors import RoomError
 
 S = TransferState
 

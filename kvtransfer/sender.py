@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from kvtransfer import bootstrap_schema as schema
-from kvtransfer.base import PeerInfo, TransferState
-from kvtransfer.bootstrap_server import BootstrapServer
-from kvtransfer.config import TransferConfig
-from kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
-from kvtransfer.endpoint import Endpoint
-from kvtransfer.errors import BlockIdError, KVTransferError, PeerDisconnectedError, RoomError
-from kvtransfer.rooms import Room
+from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.base import PeerInfo, TransferState
+from raypd.kvtransfer.bootstrap.server import BootstrapServer
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
+from raypd.kvtransfer.endpoint import Endpoint
+from raypd.kvtransfer.errors import BlockIdError, KVTransferError, PeerDisconnectedError, RoomError
+from raypd.kvtransfer.rooms import Room
 
 log = logging.getLogger(__name__)
 S = TransferState

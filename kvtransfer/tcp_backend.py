@@ -28,10 +28,10 @@ import numpy as np
 import torch
 import zmq
 
-from kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
-from kvtransfer.descriptors import coalesce_runs
-from kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
-from kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from raypd.kvtransfer.descriptors import coalesce_runs
+from raypd.kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
+from raypd.kvtransfer.layout import PoolLayout
 
 log = logging.getLogger(__name__)
 _VERSION = 1

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from engine.engine import LLMEngine
-from engine.outputs import StepOutput
+from raypd.engine.engine import LLMEngine
+from raypd.engine.outputs import StepOutput
 
 log = logging.getLogger(__name__)
 

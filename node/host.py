@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import socket
 
-from node.messages import HostInfo
+from raypd.protocol.messages import HostInfo
 
 
 def host_info() -> HostInfo:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from engine.errors import InvalidRequestError
-from engine.outputs import StepOutput
-from node.messages import NodeRequest, StreamEnd, TokenChunk
-from node.node_base import NodeBase
+from raypd.engine.errors import InvalidRequestError
+from raypd.engine.outputs import StepOutput
+from raypd.protocol.messages import NodeRequest, StreamEnd, TokenChunk
+from raypd.node.node_base import NodeBase
 
 
 class MixedNode(NodeBase):

@@ -15,14 +15,14 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 
-from engine.engine import LLMEngine
-from kvtransfer.config import TransferConfig
-from engine.outputs import StepOutput
-from node.engine_loop import EngineLoop
-from node.host import host_info
-from node.node_metrics import NodeMetrics
-from node.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
-from node.streams import Reply, TokenStreams
+from raypd.engine.engine import LLMEngine
+from raypd.kvtransfer.config import TransferConfig
+from raypd.engine.outputs import StepOutput
+from raypd.node.engine_loop import EngineLoop
+from raypd.node.host import host_info
+from raypd.node.node_metrics import NodeMetrics
+from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from raypd.node.streams import Reply, TokenStreams
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class NodeBase(ABC):
         """Register with the Conductor, then keep it informed: KV events, load reports (heartbeats)."""
         import ray
 
-        from node.conductor_link import ConductorLink
+        from raypd.node.conductor_link import ConductorLink
 
         if self._conductor_link is not None:
             self._conductor_link.stop()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from node.messages import LoadReport
+from raypd.protocol.messages import LoadReport
 
 _GAUGES = {  # LoadReport field -> (metric, description)
     "queued_prefill_tokens": ("queued_prefill_tokens", "prompt tokens not yet computed"),

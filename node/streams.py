@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from node.messages import StreamEnd, TokenChunk, pack_chunks
+from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks
 
 log = logging.getLogger(__name__)
 

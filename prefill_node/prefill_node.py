@@ -22,15 +22,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from engine.errors import InvalidRequestError
-from engine.outputs import StepOutput
-from engine.request import RequestStatus
-from kvtransfer import KVReceiver, KVSender, TransferState
-from node.aux_slots import AuxRecord, AuxSlots
-from node.messages import NodeRequest, PrefillResult
-from node.node_base import NodeBase
-from node.streams import Reply
-from prefill_node.prefix_copy import PrefixCopies
+from raypd.engine.errors import InvalidRequestError
+from raypd.engine.outputs import StepOutput
+from raypd.engine.request import RequestStatus
+from raypd.kvtransfer import KVReceiver, KVSender, TransferState
+from raypd.node.aux_slots import AuxRecord, AuxSlots
+from raypd.protocol.messages import NodeRequest, PrefillResult
+from raypd.node.node_base import NodeBase
+from raypd.node.streams import Reply
+from raypd.prefill_node.prefix_copy import PrefixCopies
 
 log = logging.getLogger(__name__)
 S = TransferState

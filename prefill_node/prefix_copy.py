@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.engine import LLMEngine
-from engine.radix_cache import RadixNode
-from kvtransfer import KVReceiver, KVSender, TransferState
-from node.messages import PrefillResult
-from node.streams import Reply
+from raypd.engine.engine import LLMEngine
+from raypd.engine.cache.radix_cache import RadixNode
+from raypd.kvtransfer import KVReceiver, KVSender, TransferState
+from raypd.protocol.messages import PrefillResult
+from raypd.node.streams import Reply
 
 S = TransferState
 

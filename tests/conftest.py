@@ -16,7 +16,7 @@ _live_engines: weakref.WeakSet = weakref.WeakSet()
 @pytest.fixture(scope="session")
 def make_llm():
     """Build an LLM with engine options; every engine made here is checked after each test."""
-    from engine import LLM
+    from raypd.engine import LLM
 
     cache: OrderedDict[tuple, LLM] = OrderedDict()
 
@@ -56,7 +56,7 @@ def hf_reference(prompt_ids) -> list[list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine.model_source import default_model_path
+    from raypd.engine.model.source import default_model_path
 
     path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)

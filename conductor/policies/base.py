@@ -13,13 +13,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from conductor.config import ConductorConfig
-from conductor.decision import CandidateEstimate, DecodeEstimate, RouteDecision
-from conductor.errors import NoCandidateError, UnknownPolicyError
-from conductor.estimates import DecodeStepModel, PrefillTimeModel
-from conductor.load_table import LoadTable
-from conductor.prefix_index import PrefixMatch
-from conductor.topology import Topology
+from raypd.conductor.config import ConductorConfig
+from raypd.conductor.decision import CandidateEstimate, DecodeEstimate, RouteDecision
+from raypd.conductor.errors import NoCandidateError, UnknownPolicyError
+from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
+from raypd.conductor.load_table import LoadTable
+from raypd.conductor.prefix_index import PrefixMatch
+from raypd.conductor.topology import Topology
 
 DECODE_SHOWN = 4   # decode candidates recorded in a decision
 

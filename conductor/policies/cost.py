@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conductor.decision import CandidateEstimate, PrefixFetch, RouteDecision
-from conductor.policies.base import DecodeField, RoutingPolicy, RoutingView, register_policy, require
+from raypd.conductor.decision import CandidateEstimate, PrefixFetch, RouteDecision
+from raypd.conductor.policies.base import DecodeField, RoutingPolicy, RoutingView, register_policy, require
 
 
 @register_policy

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conductor.decision import RouteDecision
-from conductor.policies.base import RoutingPolicy, RoutingView, least_loaded_decode, register_policy, require, simple_decision
+from raypd.conductor.decision import RouteDecision
+from raypd.conductor.policies.base import RoutingPolicy, RoutingView, least_loaded_decode, register_policy, require, simple_decision
 
 
 @register_policy

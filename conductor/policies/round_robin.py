@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conductor.decision import RouteDecision
-from conductor.policies.base import RoutingPolicy, RoutingView, decode_with_room, register_policy, require, simple_decision
+from raypd.conductor.decision import RouteDecision
+from raypd.conductor.policies.base import RoutingPolicy, RoutingView, decode_with_room, register_policy, require, simple_decision
 
 
 @register_policy

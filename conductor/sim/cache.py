@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from engine.block_hash import ROOT_HASH
-from engine.kv_events import BlockRemoved, BlockStored, KVEvent
+from raypd.protocol.block_hash import ROOT_HASH
+from raypd.protocol.kv_events import BlockRemoved, BlockStored, KVEvent
 
 
 class BlockLRU:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from conductor.sim.cache import BlockLRU
-from conductor.sim.profiles import HardwareProfile
-from conductor.sim.workload import SimRequest
-from engine.kv_events import KVEvent
+from raypd.conductor.sim.cache import BlockLRU
+from raypd.conductor.sim.profiles import HardwareProfile
+from raypd.conductor.sim.workload import SimRequest
+from raypd.protocol.kv_events import KVEvent
 
 
 @dataclass(slots=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conductor.config import CacheAwareConfig, ConductorConfig, CostConfig, MigrationConfig
-from conductor.topology import LinkSpec, Topology, TopologyDefaults
+from raypd.conductor.config import CacheAwareConfig, ConductorConfig, CostConfig, MigrationConfig
+from raypd.conductor.topology import LinkSpec, Topology, TopologyDefaults
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conductor.sim.cache import BlockLRU
-from conductor.sim.simulator import RunResult
-from conductor.sim.workload import SimRequest
+from raypd.conductor.sim.cache import BlockLRU
+from raypd.conductor.sim.simulator import RunResult
+from raypd.conductor.sim.workload import SimRequest
 
 
 def pct(xs, qs=(50, 90, 99)) -> dict[str, float]:

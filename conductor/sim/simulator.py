@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from conductor.core import ConductorCore
-from conductor.errors import AdmissionRejected
-from conductor.migration import MigrationPlan
-from conductor.sim.nodes import Job, Outcome, SimDecodeNode, SimPrefillNode
-from conductor.sim.profiles import HardwareProfile, build_topology, conductor_config
-from conductor.sim.workload import SimRequest
-from conductor.topology import Topology, transfer_seconds
-from node.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.conductor.core import ConductorCore
+from raypd.conductor.errors import AdmissionRejected
+from raypd.conductor.migration import MigrationPlan
+from raypd.conductor.sim.nodes import Job, Outcome, SimDecodeNode, SimPrefillNode
+from raypd.conductor.sim.profiles import HardwareProfile, build_topology, conductor_config
+from raypd.conductor.sim.workload import SimRequest
+from raypd.conductor.topology import Topology, transfer_seconds
+from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 
 ARRIVE, PREFILL_DONE, KV_LANDED, DECODE_TICK, REPORT, COPY_DONE, SAMPLE, TICK = range(8)
 
@@ -261,7 +261,7 @@ class Simulation:
         self._dirty(target)
 
     def _migrate(self, plan: MigrationPlan) -> None:
-        from engine.block_hash import chained_block_hashes
+        from raypd.protocol.block_hash import chained_block_hashes
 
         tokens = list(plan.token_ids)
         hashes = chained_block_hashes(tokens, self.block_size)

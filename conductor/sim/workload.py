@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.block_hash import chained_block_hashes
+from raypd.protocol.block_hash import chained_block_hashes
 
 TRACE_BLOCK_TOKENS = 512   # the Mooncake traces' hash_ids each cover 512 tokens
 

@@ -8,10 +8,10 @@ from collections import defaultdict
 import ray
 import zmq
 
-from cluster.request_driver import RequestDriver
-from cluster.token_receiver import default_host
-from engine.sampling_params import SamplingParams
-from node.messages import TokenChunk, unpack_chunks
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.cluster.client.token_receiver import default_host
+from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.messages import TokenChunk, unpack_chunks
 
 # Short timeouts so failure tests end quickly; the nodes must still finish every request in time.
 FAST_TRANSFER = {"backend": "nixl", "nixl_ucx_devices": "lo", "bootstrap_timeout_s": 60.0, "wait_timeout_s": 60.0,

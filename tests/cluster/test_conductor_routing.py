@@ -10,10 +10,10 @@ import time
 import pytest
 import ray
 
-from cluster.conductor_route import ConductorRouter
-from cluster.local_cluster import ClusterSpec, NodeCluster
-from cluster.request_driver import RequestDriver
-from engine.sampling_params import SamplingParams
+from raypd.cluster.client.conductor_router import ConductorRouter
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.engine.sampling_params import SamplingParams
 from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect
 from tests.conftest import NEW_TOKENS
 
@@ -81,7 +81,7 @@ def test_forced_migration_serves_from_the_copy(cluster, prompt_ids, hf_reference
     ok, error = ray.get(cluster.conductor.copy_prefix.remote(holder.name, target.name, list(ids)), timeout=120)
     assert ok, error
     wait_indexed(cluster, target.name, len(ids) // 16)
-    from cluster.ingress_route import Route
+    from raypd.cluster.client.router import Route
     decision, tokens, final = routed(cluster, "from-copy", ids,
                                      route=Route(target, cluster.by_role("decode")[0]))
     assert target.name in decision.best_match_nodes

@@ -20,7 +20,7 @@ def prompt_file(tmp_path_factory, prompt_ids):
 
 
 def run_cli(*args: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "cluster.cli", "generate", "--json", "--max-tokens", str(NEW_TOKENS), *args]
+    cmd = [sys.executable, "-m", "raypd.cluster.cli.main", "generate", "--json", "--max-tokens", str(NEW_TOKENS), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=600)
@@ -48,7 +48,7 @@ def test_cluster_modes_match_reference(args, prompt_file, hf_reference):
     (("--policy", "random"), "unknown --policy 'random'"),
 ])
 def test_bad_cluster_arguments_fail_with_one_line(args, message):
-    proc = subprocess.run([sys.executable, "-m", "cluster.cli", "generate", "--mode", "pd", *args, "hello"],
+    proc = subprocess.run([sys.executable, "-m", "raypd.cluster.cli.main", "generate", "--mode", "pd", *args, "hello"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"raypd generate: error: {message}")

@@ -15,10 +15,10 @@ import time
 import pytest
 import ray
 
-from cluster.local_cluster import ClusterSpec, NodeCluster
-from cluster.request_driver import RequestDriver
-from engine.sampling_params import SamplingParams
-from node.messages import NodeRequest
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.messages import NodeRequest
 from tests.cluster.helpers import FAST_TRANSFER, TokenSink, assert_idle, collect
 from tests.conftest import NEW_TOKENS
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import ray
 
-from cluster.local_cluster import ClusterSpec, NodeCluster
-from cluster.request_driver import RequestDriver
-from engine.sampling_params import SamplingParams
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.engine.sampling_params import SamplingParams
 from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
 from tests.conftest import NEW_TOKENS
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import ray
 
-from cluster.local_cluster import ROLE_LABEL, ClusterSpec, ClusterStartError, NodeCluster
+from raypd.cluster.launch.local_cluster import ROLE_LABEL, ClusterSpec, ClusterStartError, NodeCluster
 from tests.cluster.helpers import FAST_TRANSFER
 
 SPEC = ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 64}, transfer_options=FAST_TRANSFER,

@@ -1,9 +1,9 @@
 """Builders shared by the conductor tests: hosts, KV events with real engine hashes, load reports."""
 from __future__ import annotations
 
-from engine.block_hash import ROOT_HASH, chained_block_hashes
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from node.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.block_hash import ROOT_HASH, chained_block_hashes
+from raypd.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 
 BS = 4  # small blocks keep token lists readable
 

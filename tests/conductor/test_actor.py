@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from conductor.config import ConductorConfig, MigrationConfig
-from conductor.errors import AdmissionRejected
-from engine.block_hash import chained_block_hashes
-from node.messages import PrefillResult
+from raypd.conductor.config import ConductorConfig, MigrationConfig
+from raypd.conductor.errors import AdmissionRejected
+from raypd.protocol.block_hash import chained_block_hashes
+from raypd.protocol.messages import PrefillResult
 from tests.conductor.helpers import EventMaker, batch, host, load
 
 ray = pytest.importorskip("ray")
@@ -65,7 +65,7 @@ def wait_for(pred, timeout=10.0):
 
 
 def test_conductor_actor_routes_resyncs_fetches_and_expires(ray_local):
-    from conductor.actor import start_conductor
+    from raypd.conductor.actor import start_conductor
 
     cfg = ConductorConfig(block_size=BS, heartbeat_timeout_s=1.5, tick_interval_s=0.1, ttft_slo_s=30.0,
                           migration=MigrationConfig(enabled=False))

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from conductor.config import ConductorConfig
-from conductor.core import ConductorCore
-from conductor.errors import HashSchemeMismatch, UnknownNodeError
-from conductor.metrics import ConductorMetrics
-from engine.kv_events import BlockStored
+from raypd.conductor.config import ConductorConfig
+from raypd.conductor.core import ConductorCore
+from raypd.conductor.errors import HashSchemeMismatch, UnknownNodeError
+from raypd.conductor.metrics import ConductorMetrics
+from raypd.protocol.kv_events import BlockStored
 from tests.conductor.helpers import EventMaker, FakeClock, batch, host, load
 
 BS = 16
@@ -116,7 +116,7 @@ def test_typed_errors_survive_pickling():
     """Ray pickles exceptions raised in the actor; they must come back as the same class."""
     import pickle
 
-    from conductor.errors import AdmissionRejected
+    from raypd.conductor.errors import AdmissionRejected
 
     for e in (AdmissionRejected("r", "ttft", 2.0, 1.0, None), UnknownNodeError("p9"), HashSchemeMismatch("p", 1, 2)):
         back = pickle.loads(pickle.dumps(e))

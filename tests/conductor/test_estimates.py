@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conductor.estimates import DecodeStepModel, PrefillTimeModel
+from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 
 
 def test_prefill_model_shape_and_fallback_speed():

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conductor.config import MigrationConfig
-from conductor.hot_prefix import HotPrefixTracker
-from conductor.migration import MigrationStatus
+from raypd.conductor.config import MigrationConfig
+from raypd.conductor.hot_prefix import HotPrefixTracker
+from raypd.conductor.migration import MigrationStatus
 from tests.conductor.helpers import EventMaker, batch, load
 from tests.conductor.test_policies import PREFIX, PROMPT, make_core
 

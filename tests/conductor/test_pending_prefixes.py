@@ -3,8 +3,8 @@ expires: the second request of a new prefix follows the first instead of recompu
 no fetch is planned from blocks a node does not hold yet, and a dead node's entries go with it."""
 from __future__ import annotations
 
-from conductor.pending_prefixes import PendingPrefixes
-from conductor.prefix_index import prompt_block_hashes
+from raypd.conductor.pending_prefixes import PendingPrefixes
+from raypd.conductor.prefix_index import prompt_block_hashes
 from tests.conductor.helpers import host, load
 from tests.conductor.test_policies import BS, PREFIX, PROMPT, hold, loads, make_core
 

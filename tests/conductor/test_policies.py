@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from conductor.config import CacheAwareConfig, ConductorConfig, CostConfig
-from conductor.core import ConductorCore
-from conductor.errors import AdmissionRejected, NoCandidateError, UnknownPolicyError
-from conductor.policies import make_policy
-from conductor.topology import Topology
+from raypd.conductor.config import CacheAwareConfig, ConductorConfig, CostConfig
+from raypd.conductor.core import ConductorCore
+from raypd.conductor.errors import AdmissionRejected, NoCandidateError, UnknownPolicyError
+from raypd.conductor.policies import make_policy
+from raypd.conductor.topology import Topology
 from tests.conductor.helpers import EventMaker, FakeClock, batch, host, load
 
 BS = 16

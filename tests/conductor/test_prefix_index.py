@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from conductor.errors import HashSchemeMismatch, UnknownNodeError
-from conductor.prefix_index import PrefixIndex
-from engine.block_hash import chained_block_hashes
-from engine.kv_events import BlockStored
+from raypd.conductor.errors import HashSchemeMismatch, UnknownNodeError
+from raypd.conductor.prefix_index import PrefixIndex
+from raypd.protocol.block_hash import chained_block_hashes
+from raypd.protocol.kv_events import BlockStored
 from tests.conductor.helpers import BS, EventMaker
 
 A = list(range(100, 116))        # 4 blocks
@@ -134,8 +134,8 @@ def test_hash_mismatch_raises_instead_of_matching_nothing():
 def test_engine_radix_cache_events_match_the_conductor_hashing():
     """The real engine cache emits events; the Conductor's match of the same tokens must see them.
     A different hash scheme on either side would make this match 0 (and raise above)."""
-    from engine.block_allocator import BlockAllocator
-    from engine.radix_cache import RadixCache
+    from raypd.engine.cache.block_allocator import BlockAllocator
+    from raypd.engine.cache.radix_cache import RadixCache
 
     events = []
     alloc = BlockAllocator(64)

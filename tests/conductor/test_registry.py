@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from conductor.errors import InvalidRoleError, UnknownNodeError
-from conductor.registry import NodeRegistry
+from raypd.conductor.errors import InvalidRoleError, UnknownNodeError
+from raypd.conductor.registry import NodeRegistry
 from tests.conductor.helpers import FakeClock, host, load
 
 

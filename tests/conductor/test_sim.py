@@ -5,15 +5,15 @@ import json
 
 import pytest
 
-from conductor.prefix_index import PrefixIndex
-from conductor.sim.cache import BlockLRU
-from conductor.sim.nodes import SimDecodeNode
-from conductor.sim.profiles import CPU, GPU
-from conductor.sim.report import oracle_hit_rate, summarize
-from conductor.sim.simulator import Simulation
-from conductor.sim.workload import shared_prefix_workload
-from engine.block_hash import chained_block_hashes
-from engine.kv_events import BlockRemoved, BlockStored
+from raypd.conductor.prefix_index import PrefixIndex
+from raypd.conductor.sim.cache import BlockLRU
+from raypd.conductor.sim.nodes import SimDecodeNode
+from raypd.conductor.sim.profiles import CPU, GPU
+from raypd.conductor.sim.report import oracle_hit_rate, summarize
+from raypd.conductor.sim.simulator import Simulation
+from raypd.conductor.sim.workload import shared_prefix_workload
+from raypd.protocol.block_hash import chained_block_hashes
+from raypd.protocol.kv_events import BlockRemoved, BlockStored
 
 
 def test_lru_evicts_prefix_tails_first_and_publishes_events():
@@ -36,8 +36,8 @@ def test_lru_evicts_prefix_tails_first_and_publishes_events():
 
 
 def test_decode_fluid_batching_times():
-    from conductor.sim.nodes import Outcome
-    from conductor.sim.workload import SimRequest
+    from raypd.conductor.sim.nodes import Outcome
+    from raypd.conductor.sim.workload import SimRequest
 
     node = SimDecodeNode("d", "h", CPU, 16, 1)
     outs = [Outcome(SimRequest(f"r{i}", 0.0, 100, 11, (i,), 16)) for i in range(2)]
@@ -76,7 +76,7 @@ def test_small_run_cost_beats_round_robin_on_shared_prefixes():
 
 
 def test_routing_sim_entry_point_writes_json(tmp_path):
-    from benchmarks.routing_sim import main
+    from raypd.benchmarks.routing_sim import main
 
     path = tmp_path / "r.json"
     out = main(["--workload", "shared-prefix", "--profile", "cpu", "--groups", "4", "--prompts-per-group", "6",

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from conductor.errors import TopologyError
-from conductor.topology import LinkSpec, Topology, TopologyDefaults
+from raypd.conductor.errors import TopologyError
+from raypd.conductor.topology import LinkSpec, Topology, TopologyDefaults
 
 DEFAULTS = TopologyDefaults(host_tor=LinkSpec(25.0, 2.0), tor_spine=LinkSpec(100.0, 1.0),
                             host_nvlink=LinkSpec(450.0, 1.0), same_host=LinkSpec(30.0, 0.0))

@@ -10,14 +10,15 @@ CRD, so a misspelt key (`replica:`) would otherwise vanish without an error.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
-KUBERAY_DIR = Path(__file__).resolve().parents[3] / "shared" / "kuberay"
-CRD_FILES = {"RayService": "ray.io_rayservices.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
+# Pinned copies of the CRDs' v1 schemas (source, version and license in kuberay/README.md).
+KUBERAY_DIR = Path(__file__).resolve().parent / "kuberay"
+CRD_FILES = {"RayService": "rayservice.v1.json", "RayCluster": "raycluster.v1.json"}
 
 
 def to_jsonschema(node: Any, strict: bool = True) -> Any:
@@ -48,11 +49,9 @@ def to_jsonschema(node: Any, strict: bool = True) -> Any:
 @functools.cache
 def crd_schema(kind: str, version: str = "v1") -> dict:
     """The raw openAPIV3Schema of a KubeRay CRD version."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    crd = yaml.load((KUBERAY_DIR / CRD_FILES[kind]).read_text(), Loader=loader)
-    assert crd["spec"]["names"]["kind"] == kind
-    (ver,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
-    return ver["schema"]["openAPIV3Schema"]
+    pinned = json.loads((KUBERAY_DIR / CRD_FILES[kind]).read_text())
+    assert (pinned["kind"], pinned["version"]) == (kind, version), f"no pinned schema for {kind} {version}"
+    return pinned["openAPIV3Schema"]
 
 
 @functools.cache

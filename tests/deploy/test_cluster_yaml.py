@@ -23,7 +23,7 @@ from ray._private.resource_and_label_spec import ResourceAndLabelSpec
 from ray.autoscaler._private.command_runner import _with_environment_variables
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from conductor.topology import SPINE_LABEL, TOR_LABEL
+from raypd.conductor.topology import SPINE_LABEL, TOR_LABEL
 from tests.deploy.conftest import CLUSTER_YAML
 
 RAY_MIN_WORKER_PORT = 10002          # `ray start --min-worker-port` default
@@ -144,7 +144,7 @@ def documented_serve_argv(raw) -> list[str]:
 
 
 def parsed_serve_args(raw):
-    from cluster.cli import build_parser
+    from raypd.cluster.cli.main import build_parser
 
     return build_parser().parse_args(["serve", *documented_serve_argv(raw)])
 
@@ -166,7 +166,7 @@ def test_documented_start_command_fits_the_node_types(raw):
 
 
 def test_documented_start_command_parses_into_a_serve_config(raw):
-    from cluster.serve_cmd import config_from_args
+    from raypd.cluster.cli.serve import config_from_args
 
     config = config_from_args(parsed_serve_args(raw))
     assert config.place_by_role and config.cluster_spec().place_by_role

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.ingress_metrics import IngressMetrics
-from node.node_metrics import NodeMetrics
+from raypd.cluster.openai.metrics import IngressMetrics
+from raypd.node.node_metrics import NodeMetrics
 from tests.fake_metrics import FakeMetricsAPI
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "raypd-dashboard.json"
@@ -25,7 +25,7 @@ def declared(request) -> dict:
     """Exported series name -> (base metric name, tag keys), for every metric of the three modules."""
     import ray.util.metrics
 
-    from conductor.metrics import ConductorMetrics
+    from raypd.conductor.metrics import ConductorMetrics
 
     api = FakeMetricsAPI()
     IngressMetrics(api)

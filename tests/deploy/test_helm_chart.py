@@ -81,12 +81,12 @@ def test_default_serve_config(render):
     r = render()
     cfg = r.serve_config
     (app,) = cfg["applications"]
-    assert app["import_path"] == "cluster.serve_app:app_builder"
+    assert app["import_path"] == "raypd.cluster.serve_app:app_builder"
     assert app["route_prefix"] == "/"
     assert app["args"] == {"model": None, "prefill_nodes": 1, "decode_nodes": 1, "mixed_nodes": 0,
                            "gpus_per_node": 1, "place_by_role": True, "policy": "cost"}
     # The app builder accepts them, and the role labels it places by are on every worker group.
-    from cluster.serve_config import ServeConfig
+    from raypd.cluster.serve.config import ServeConfig
     assert ServeConfig.from_args(dict(app["args"])).cluster_spec().place_by_role
     groups = r.rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     assert {g["labels"]["raypd.io/role"] for g in groups} == {"prefill", "decode"}
@@ -285,7 +285,7 @@ def test_values_schema_rejects(render, values, where):
 
 
 def test_policy_enum_matches_the_conductor_registry():
-    from conductor.policies import POLICIES
+    from raypd.conductor.policies import POLICIES
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["serve"]["properties"]["policy"]["enum"]) == set(POLICIES)

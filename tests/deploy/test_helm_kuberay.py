@@ -1,4 +1,4 @@
-"""The rendered chart against KubeRay: the CRD schemas in ../shared/kuberay/ (strict), the rules the
+"""The rendered chart against KubeRay: the CRD schemas pinned in tests/deploy/kuberay/ (strict), the rules the
 operator enforces beyond the schema (ray-operator/controllers/ray/utils/validation.go), and the
 contract with the Serve app the RayService starts."""
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_rayservice_follows_the_operators_rules(render, values):
 @pytest.mark.parametrize("values", SCENARIOS.values(), ids=SCENARIOS.keys())
 def test_app_args_are_what_the_app_builder_accepts(render, values, tmp_path):
     """The contract with cluster.serve_app:app_builder: its ServeConfig takes the rendered args."""
-    from cluster.serve_config import ServeConfig
+    from raypd.cluster.serve.config import ServeConfig
 
     args = dict(render(values).app_args)
     if "topology" in args:                   # the ConfigMap's file exists in the pods, not here

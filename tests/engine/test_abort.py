@@ -1,7 +1,7 @@
 """Abort at any point frees everything the request held (the autouse fixture checks the counts)."""
 from __future__ import annotations
 
-from engine import SamplingParams
+from raypd.engine import SamplingParams
 
 LONG = list(range(1000, 1300))
 

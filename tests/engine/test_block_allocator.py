@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_allocator import BlockAllocator, OutOfBlocksError
+from raypd.engine.cache.block_allocator import BlockAllocator, OutOfBlocksError
 
 
 def refcounts(alloc: BlockAllocator) -> list[int]:

@@ -10,7 +10,7 @@ from tests.prompts import CHAT_PROMPTS, RAW_PROMPTS
 
 
 def raypd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "raypd.cluster.cli.main", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_generate_json_matches_transformers(tmp_path, hf_reference):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine import LLM, ConfigError, InvalidRequestError, ModelLoadError, SamplingParams, UnsupportedModelError
+from raypd.engine import LLM, ConfigError, InvalidRequestError, ModelLoadError, SamplingParams, UnsupportedModelError
 
 
 @pytest.mark.parametrize("prompt, param, words", [

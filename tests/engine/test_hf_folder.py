@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from raypd.engine import LLM, SamplingParams
 
 ROPES = {
     "llama3": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,

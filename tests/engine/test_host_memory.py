@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from engine import host_memory
+from raypd.engine.cache import host_memory
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])

@@ -1,9 +1,9 @@
 """The engine publishes KV events whose hashes are the shared chained block hash."""
 from __future__ import annotations
 
-from engine import LLMEngine, SamplingParams
-from engine.block_hash import chained_block_hashes
-from engine.kv_events import BlockRemoved, BlockStored
+from raypd.engine import LLMEngine, SamplingParams
+from raypd.protocol.block_hash import chained_block_hashes
+from raypd.protocol.kv_events import BlockRemoved, BlockStored
 
 
 def test_events_name_the_prompt_blocks():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
+from raypd.engine import SamplingParams
 from tests.conftest import NEW_TOKENS
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)

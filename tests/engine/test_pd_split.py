@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import InvalidRequestError, SamplingParams
+from raypd.engine import InvalidRequestError, SamplingParams
 from tests.conftest import NEW_TOKENS
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)

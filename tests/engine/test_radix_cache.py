@@ -7,10 +7,10 @@ import struct
 
 import pytest
 
-from engine.block_allocator import BlockAllocator
-from engine.block_hash import ROOT_HASH, block_hash, chained_block_hashes
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from engine.radix_cache import RadixCache, RadixNode
+from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.protocol.block_hash import ROOT_HASH, block_hash, chained_block_hashes
+from raypd.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from raypd.engine.cache.radix_cache import RadixCache, RadixNode
 
 BS = 2
 
@@ -557,7 +557,7 @@ def test_cache_without_a_callback_still_works():
 
 
 def test_snapshot_lists_every_cached_block_parents_first():
-    from engine.block_hash import chained_block_hashes
+    from raypd.protocol.block_hash import chained_block_hashes
 
     alloc = BlockAllocator(16)
     events = []

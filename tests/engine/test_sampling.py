@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import InvalidRequestError, SamplingParams
-from engine.request import Request
-from engine.sampler import Sampler
+from raypd.engine import InvalidRequestError, SamplingParams
+from raypd.engine.request import Request
+from raypd.engine.sampler import Sampler
 
 PROMPTS = ["Once upon a time", "The best way to learn a language is", "def add(a, b):"]
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from engine.errors import EngineError, InvalidRequestError
-from engine.sampling_params import SamplingParams
+from raypd.engine.errors import EngineError, InvalidRequestError
+from raypd.engine.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("param, value", [

@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from engine.block_allocator import BlockAllocator
-from engine.radix_cache import RadixCache
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.radix_cache import RadixCache
+from raypd.engine.request import Request, RequestStatus
+from raypd.engine.sampling_params import SamplingParams
+from raypd.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 
 FAKE_TOKEN = 900  # the k-th sampled token of every request is FAKE_TOKEN + k
 

@@ -25,7 +25,7 @@ def make_pool(seed: int, num_blocks: int, aux_slots: int, shape: tuple = POOL_SH
 
 def child_main(conn, role: str, config_kwargs: dict, seed: int, num_blocks: int, aux_slots: int,
                shape: tuple) -> None:
-    from kvtransfer import KVReceiver, KVSender, TransferConfig
+    from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
     pool, aux = make_pool(seed, num_blocks, aux_slots, shape)
     cls = KVSender if role == "sender" else KVReceiver
     ep = cls(pool, aux, TransferConfig(**config_kwargs))

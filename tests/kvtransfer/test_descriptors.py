@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvtransfer.descriptors import as_block_ids, check_pairs, check_slot, coalesce_runs
-from kvtransfer.errors import BlockIdError
+from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot, coalesce_runs
+from raypd.kvtransfer.errors import BlockIdError
 
 
 def runs_of(src, dst):

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from kvtransfer import (BackendUnavailableError, BlockIdError, KVReceiver, KVSender, RoomError, TransferConfig,
+from raypd.kvtransfer import (BackendUnavailableError, BlockIdError, KVReceiver, KVSender, RoomError, TransferConfig,
                         create_backend)
-from kvtransfer import TransferState as S
+from raypd.kvtransfer import TransferState as S
 
 CFG = TransferConfig(backend="fake", bootstrap_timeout_s=0.6, wait_timeout_s=5.0, transfer_timeout_s=0.8,
                      heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0)

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from kvtransfer import TransferConfig
-from kvtransfer import TransferState as S
+from raypd.kvtransfer import TransferConfig
+from raypd.kvtransfer import TransferState as S
 
 BLOCKS, SLOTS = 8, 4
 SILENT_S = 4.0  # the peer's silence; the writes below must finish well inside it
@@ -30,7 +30,7 @@ def pool(seed: int):
 
 
 def receiver_child(conn) -> None:
-    from kvtransfer.nixl_backend import NixlBackend
+    from raypd.kvtransfer.nixl_backend import NixlBackend
     backend = NixlBackend(TransferConfig(nixl_ucx_devices="lo"), "rcv-node")
     blocks, aux = pool(2)
     backend.register(blocks, aux)
@@ -70,7 +70,7 @@ def expect(conn, timeout: float = WAIT_S):
 
 
 def test_writes_complete_while_the_peer_is_silent():
-    from kvtransfer.nixl_backend import NixlBackend
+    from raypd.kvtransfer.nixl_backend import NixlBackend
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=receiver_child, args=(child_conn,), daemon=True)

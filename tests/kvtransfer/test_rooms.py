@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransfer.base import TransferState as S
-from kvtransfer.base import XferId
-from kvtransfer.errors import RoomError
-from kvtransfer.rooms import RoomTable
+from raypd.kvtransfer.base import TransferState as S
+from raypd.kvtransfer.base import XferId
+from raypd.kvtransfer.errors import RoomError
+from raypd.kvtransfer.rooms import RoomTable
 
 
 class Clock:

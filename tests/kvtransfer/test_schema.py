@@ -4,8 +4,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from kvtransfer import bootstrap_schema as s
-from kvtransfer.errors import SchemaError
+from raypd.kvtransfer.bootstrap import schema as s
+from raypd.kvtransfer.errors import SchemaError
 
 EXAMPLES = [s.Register("decode-1", "nixl", b"\x00md"), s.Registered("prefill-1", True, ""),
             s.Destination(2**63 - 1, [0, 5, 9], 3), s.Destination(1, [], None), s.Sending(4), s.Done(4),

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import zmq
 
-from kvtransfer import KVReceiver, KVSender, TransferConfig
-from kvtransfer import TransferState as S
-from kvtransfer import bootstrap_schema as schema
+from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
+from raypd.kvtransfer import TransferState as S
+from raypd.kvtransfer.bootstrap import schema
 from tests.kvtransfer.peer_proc import Peer, make_pool, rand_tables
 
 W = 20.0

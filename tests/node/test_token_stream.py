@@ -9,9 +9,9 @@ import time
 import pytest
 import ray
 
-from cluster.token_receiver import TokenReceiver
-from node.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
-from node.streams import SEND_HWM, Reply, TokenStreams
+from raypd.cluster.client.token_receiver import TokenReceiver
+from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
+from raypd.node.streams import SEND_HWM, Reply, TokenStreams
 
 
 def chunk(rid, *tokens, finished=False, **kw) -> TokenChunk:

@@ -62,7 +62,7 @@ class ServerProcess:
               env: dict[str, str] | None = None) -> ServerProcess:
         port = port or free_port()
         log = open(log_path, "w")
-        cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port), *args]
+        cmd = [sys.executable, "-m", "raypd.cluster.cli.main", "serve", "--port", str(port), *args]
         if metrics_port:
             cmd += ["--metrics-export-port", str(metrics_port)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.detokenizer import IncrementalDetokenizer
-from cluster.openai_stop import StopMatcher
+from raypd.cluster.openai.detokenizer import IncrementalDetokenizer
+from raypd.cluster.openai.stop import StopMatcher
 
 TEXTS = [
     "Héllo wörld! 你好，世界。 Emoji: 🚀🎉👩‍👩‍👧 done.",
@@ -16,8 +16,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def hf():
-    from engine.model_source import resolve_model
-    from engine.tokenizer import Tokenizer
+    from raypd.engine.model.source import resolve_model
+    from raypd.engine.tokenizer import Tokenizer
 
     return Tokenizer(resolve_model(None)).hf
 

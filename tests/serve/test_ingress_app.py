@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from cluster.ingress_app import build_app
-from cluster.ingress_generation import Generator
-from cluster.ingress_route import RoundRobinRouter, Route, Router
-from cluster.ingress_service import OpenAIService
-from cluster.openai_params import ModelLimits
-from cluster.request_driver import RequestDriver
-from conductor.errors import AdmissionRejected
-from node.messages import TokenChunk
+from raypd.cluster.serve.app import build_app
+from raypd.cluster.serve.generation import Generator
+from raypd.cluster.client.router import RoundRobinRouter, Route, Router
+from raypd.cluster.serve.service import OpenAIService
+from raypd.cluster.openai.params import ModelLimits
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.conductor.errors import AdmissionRejected
+from raypd.protocol.messages import TokenChunk
 
 MODEL = "test-model"
 LIMITS = ModelLimits(name=MODEL, context_len=8192, vocab_size=49152, block_size=16, decode_kv_tokens=4096,
@@ -28,8 +28,8 @@ STREAM_BODY = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 8, "s
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.model_source import resolve_model
-    from engine.tokenizer import Tokenizer
+    from raypd.engine.model.source import resolve_model
+    from raypd.engine.tokenizer import Tokenizer
 
     return Tokenizer(resolve_model(None))
 

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from cluster.ingress_app import build_app
-from cluster.ingress_generation import Generator
-from cluster.ingress_metrics import IngressMetrics, status_of
-from cluster.ingress_route import RoundRobinRouter
-from cluster.ingress_service import OpenAIService
-from cluster.request_driver import RequestDriver
-from node.messages import TokenChunk
+from raypd.cluster.serve.app import build_app
+from raypd.cluster.serve.generation import Generator
+from raypd.cluster.openai.metrics import IngressMetrics, status_of
+from raypd.cluster.client.router import RoundRobinRouter
+from raypd.cluster.serve.service import OpenAIService
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.protocol.messages import TokenChunk
 from tests.fake_metrics import FakeMetricsAPI
 from tests.serve.test_ingress_app import (BODY, LIMITS, MODEL, STREAM_BODY, AnyRoute, RejectingRouter,
                                           ScriptedDriver, call, tokenizer, tokens)

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from collections import defaultdict
 
-from cluster.ingress_metrics import TTFT_S
+from raypd.cluster.openai.metrics import TTFT_S
 from tests.serve.conftest import MODEL, node_report, request
 
 # Long enough to fill whole 16-token blocks, so the repeats are served from the prefix cache.

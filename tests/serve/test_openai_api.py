@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from raypd.engine.sampling_params import SamplingParams
 from tests.prompts import ARTICLE
 from tests.serve.conftest import DEFAULT_MAX_TOKENS, MODEL, node_report, wait_nodes_idle
 

@@ -15,7 +15,7 @@ from tests.serve.conftest import ServerProcess, free_port
 
 
 def serve_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster.cli", "serve", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "raypd.cluster.cli.main", "serve", *args], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -66,8 +66,8 @@ def test_sigterm_while_starting_stops_everything(tmp_path):
 def test_app_builder_reads_serve_config_args():
     from ray.serve import Application
 
-    from cluster.serve_app import app_builder
-    from cluster.serve_config import ServeConfig, ServeConfigError
+    from raypd.cluster.serve_app import app_builder
+    from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 
     app = app_builder({"prefill_nodes": "2", "decode_nodes": "2", "policy": "cost", "api_key": "k"})
     assert isinstance(app, Application)

@@ -8,8 +8,8 @@ import re
 import subprocess
 import sys
 
-from cluster.status_cmd import format_status, from_conductor, from_nodes, run_status
-from node.messages import HostInfo
+from raypd.cluster.cli.status import format_status, from_conductor, from_nodes, run_status
+from raypd.protocol.messages import HostInfo
 
 CONDUCTOR_STATUS = {  # the shape of ConductorCore.status()
     "policy": "cost", "decisions": 12, "rejected": 1,
@@ -77,7 +77,7 @@ def test_no_cluster_is_one_line_and_status_2(capsys):
 def test_status_of_the_running_server(server):
     found = re.search(r"Ray cluster: (\S+)", server.log())
     assert found, "raypd serve logs its Ray address"
-    proc = subprocess.run([sys.executable, "-m", "cluster.cli", "status", "--address", found.group(1), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "raypd.cluster.cli.main", "status", "--address", found.group(1), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     status = json.loads(proc.stdout)

@@ -7,7 +7,7 @@ import json
 import socket
 import time
 
-from engine.sampling_params import SamplingParams
+from raypd.engine.sampling_params import SamplingParams
 from tests.prompts import RAW_PROMPTS
 from tests.serve.conftest import API_KEY, MODEL, node_report, wait_nodes_idle
 

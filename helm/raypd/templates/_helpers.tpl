@@ -126,7 +126,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The Serve config (ServeDeploySchema) as YAML, built as a dict so quoting is toYaml's job. The args
-are cluster.serve_app:app_builder's (cluster/serve_config.py ServeConfig fields; unknown keys are an
+are raypd.cluster.serve_app:app_builder's (cluster/serve_config.py ServeConfig fields; unknown keys are an
 error there). The API key is not an arg: the builder reads $RAYPD_API_KEY, set from the Secret.
 */}}
 {{- define "raypd.serveConfig" -}}

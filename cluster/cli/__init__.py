@@ -1,0 +1,1 @@
+"""The `raypd` command line and its subcommands (docs/architecture.md, cluster/)."""

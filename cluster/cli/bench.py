@@ -1,0 +1,30 @@
+"""`raypd bench <name> [args]`: run one of the benchmarks in benchmarks/ with its own flags.
+
+    raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
+    raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
+    raypd bench engine --json out.json      single-engine throughput vs transformers
+    raypd bench routing ...                 Conductor policies on a replayed trace (simulator)
+    raypd bench conductor ...               Conductor decision latency at scale
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmarks.kv_transfer",
+              "engine": "raypd.benchmarks.engine_throughput", "routing": "raypd.benchmarks.routing_sim",
+              "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead"}
+
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run a benchmark (pd, transfer, engine, routing, conductor, streaming)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=sorted(BENCHMARKS))
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")
+    p.set_defaults(run=run_bench)
+
+
+def run_bench(args) -> int:
+    module = importlib.import_module(BENCHMARKS[args.name])
+    result = module.main(args.args)
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,111 @@
+"""`raypd generate`: run prompts and print completions (text or JSON lines, in input order).
+
+--mode single (default) runs one engine in this process; --mode pd starts (or joins, --address) a Ray
+cluster with prefill and decode node actors and sends every prompt through them at once; --mode mixed
+does the same with colocated nodes. The output is the same in every mode."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions for prompts (one engine, or PD / mixed node actors)")
+    p.add_argument("prompts", nargs="*", help="prompt strings")
+    p.add_argument("--input", type=Path, help='JSONL file: {"prompt": str} | {"prompt_token_ids": [int]} | {"messages": [...]}')
+    p.add_argument("--model", help="Hugging Face model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt, in input order")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=-1)
+    s.add_argument("--min-p", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--ignore-eos", action="store_true")
+    c = p.add_argument_group("cluster (--mode pd | mixed)")
+    c.add_argument("--mode", choices=["single", "pd", "mixed"], default="single")
+    c.add_argument("--prefill-nodes", type=int, default=1)
+    c.add_argument("--decode-nodes", type=int, default=1)
+    c.add_argument("--mixed-nodes", type=int, default=1)
+    c.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    c.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
+    c.add_argument("--gpus-per-node", type=float, default=0.0)
+    c.add_argument("--policy", default="cost",
+                   help="the Conductor's routing policy (round_robin, least_loaded, cache_aware, cost); "
+                        "none = no Conductor, the driver's round-robin")
+    c.add_argument("--place-by-role", action="store_true",
+                   help="put each node actor on a Ray node labelled raypd.io/role=<its role>")
+    c.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
+    c.add_argument("--decode-num-blocks", type=int, default=None, help="KV blocks on decode nodes (default --num-blocks)")
+    c.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one token")
+    e = p.add_argument_group("engine")
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--num-blocks", type=int, default=None)
+    e.add_argument("--chunked-prefill-size", type=int, default=256, help="<= 0 disables chunking")
+    e.add_argument("--max-num-batched-tokens", type=int, default=512)
+    e.add_argument("--max-running-requests", type=int, default=64)
+    e.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs")
+    e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
+                   help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
+    p.set_defaults(run=run_generate)
+
+
+def read_prompts(args) -> list:
+    prompts: list = list(args.prompts)
+    if args.input is not None:
+        try:
+            lines = args.input.read_text().splitlines()
+        except OSError as e:
+            raise ValueError(f"cannot read {args.input}: {e.strerror}") from e
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{args.input}:{n}: not JSON ({e.msg})") from e
+            if not isinstance(obj, dict) or not ({"prompt", "prompt_token_ids", "messages"} & obj.keys()):
+                raise ValueError(f'{args.input}:{n}: expected {{"prompt"}}, {{"prompt_token_ids"}} or {{"messages"}}')
+            prompts.append(obj)
+    if not prompts:
+        raise ValueError("no prompts: pass them as arguments or with --input FILE.jsonl")
+    return prompts
+
+
+def engine_options(args) -> dict:
+    return dict(block_size=args.block_size, num_blocks=args.num_blocks, chunked_prefill_size=args.chunked_prefill_size,
+                max_num_batched_tokens=args.max_num_batched_tokens, max_running_requests=args.max_running_requests,
+                schedule_policy=args.schedule_policy, enable_prefix_cache=not args.no_prefix_cache,
+                dtype=args.dtype, device=args.device, num_threads=args.threads, cpu_kernels=args.cpu_kernels)
+
+
+def run_generate(args) -> int:
+    from raypd.engine import LLM, EngineError, SamplingParams
+
+    try:
+        prompts = read_prompts(args)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos)
+        if args.mode == "single":
+            outputs = LLM(args.model, **engine_options(args)).generate(prompts, params)
+        else:
+            from raypd.cluster.cli.generate_cluster import generate_on_cluster
+            outputs = generate_on_cluster(args, prompts, params)
+    except (EngineError, ValueError, RuntimeError) as e:
+        print(f"raypd generate: error: {e}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        if args.json:
+            print(json.dumps({"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason,
+                              "num_cached_tokens": out.num_cached_tokens}))
+        else:
+            print(f"--- [{out.finish_reason}, {len(out.token_ids)} tokens, {out.num_cached_tokens} cached]")
+            print(out.text)
+    return 0

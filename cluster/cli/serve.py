@@ -1,0 +1,232 @@
+"""`raypd serve`: Ray, the node actors and the OpenAI endpoint, in one command.
+
+With no arguments: a local Ray instance, 1 prefill + 1 decode node on CPU with the embedded SmolLM2
+through NIXL, the endpoint on http://127.0.0.1:8000/v1. It runs until Ctrl-C or SIGTERM, then
+stops Serve (the NodePool's shutdown stops the nodes), kills any node actor still alive and stops
+Ray. A bad option, a port in use or a missing model ends it with one line on stderr and status 2.
+
+    start:  check options, port, model -> ray.init -> serve.start(host, port) -> serve.run(app)
+    stop:   serve.shutdown (local) | serve.delete(app) (joined cluster) -> kill nodes -> ray.shutdown
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+
+log = logging.getLogger("raypd.serve")
+
+
+class ServeStartError(RuntimeError):
+    """raypd serve cannot start; the message is the one line the user sees."""
+
+
+class ShutdownRequested(BaseException):
+    """Raised in the main thread by the SIGINT/SIGTERM handler; BaseException so that no
+    `except Exception` on the way swallows it."""
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible API on a Ray cluster of prefill/decode nodes")
+    p.add_argument("--model", help="Hugging Face model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", help="the model id clients send (default: from the model path)")
+    p.add_argument("--prefill-nodes", type=int, default=None, help="default 1 (0 with --mixed-nodes)")
+    p.add_argument("--decode-nodes", type=int, default=None, help="default 1 (0 with --mixed-nodes)")
+    p.add_argument("--mixed-nodes", type=int, default=0, help="colocated prefill+decode nodes instead of PD")
+    p.add_argument("--gpus-per-node", type=float, default=0.0)
+    p.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
+    p.add_argument("--place-by-role", action="store_true",
+                   help="put each node actor on a Ray node labelled raypd.io/role=<its role> (cluster.yaml, Helm)")
+    p.add_argument("--policy", default="cost", help="the Conductor's routing policy (default: cost)")
+    p.add_argument("--topology", help="network topology file for the Conductor")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require this bearer key (default: $RAYPD_API_KEY; none if unset)")
+    p.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting a local one")
+    p.add_argument("--ingress-replicas", type=int, default=1)
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    p.add_argument("--default-max-tokens", type=int, default=None,
+                   help="output cap for requests that set none (default: the rest of the context)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard (local Ray only)")
+    p.add_argument("--metrics-export-port", type=int, default=None,
+                   help="Ray's Prometheus endpoint port, e.g. 8080: not in 10002-19999 (local Ray only)")
+    p.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
+    e = p.add_argument_group("engine")
+    e.add_argument("--num-blocks", type=int, default=None, help="KV blocks per node (default: from memory)")
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--chunked-prefill-size", type=int, default=256)
+    e.add_argument("--max-running-requests", type=int, default=64)
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
+                   help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
+    p.set_defaults(run=run_serve)
+
+
+def config_from_args(args):
+    from raypd.cluster.serve.config import ServeConfig
+
+    pd_default = 0 if args.mixed_nodes else 1
+    engine = {"block_size": args.block_size, "chunked_prefill_size": args.chunked_prefill_size,
+              "max_running_requests": args.max_running_requests, "dtype": args.dtype, "cpu_kernels": args.cpu_kernels}
+    if args.num_blocks is not None:
+        engine["num_blocks"] = args.num_blocks
+    return ServeConfig(
+        model=args.model, served_model_name=args.served_model_name,
+        prefill_nodes=pd_default if args.prefill_nodes is None else args.prefill_nodes,
+        decode_nodes=pd_default if args.decode_nodes is None else args.decode_nodes,
+        mixed_nodes=args.mixed_nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
+        place_by_role=args.place_by_role, engine_options=engine, transfer_options={"backend": args.transfer_backend}, policy=args.policy,
+        topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
+        max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
+        ingress_replicas=args.ingress_replicas)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before starting anything: Serve would otherwise start and then fail deep inside its proxy."""
+    if not 0 < port < 65536:
+        raise ServeStartError(f"--port {port} is out of range")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds: TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            reason = "is already in use" if e.errno in (98, 48) else f"cannot be bound ({e.strerror})"
+            raise ServeStartError(f"{host}:{port} {reason}; pick another with --port") from None
+
+
+def check_metrics_port(port: int | None) -> None:
+    # Ray gives workers ports 10002-19999; an export port in that range makes Ray fail to start.
+    if port is not None and not (0 < port < 10002 or 19999 < port < 65536):
+        raise ServeStartError(f"--metrics-export-port {port} is in Ray's worker port range 10002-19999")
+
+
+def run_serve(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="raypd serve: %(message)s", stream=sys.stderr)
+    from raypd.cluster.serve.config import ServeConfigError
+    from raypd.engine.errors import EngineError
+    from raypd.engine.model.source import resolve_model
+
+    try:
+        config = config_from_args(args)
+        check_port_free(args.host, args.port)
+        check_metrics_port(args.metrics_export_port)
+        resolve_model(config.model)  # model not found -> one line now; converts a GGUF once, for every process
+    except (ServeConfigError, ServeStartError, EngineError) as e:
+        print(f"raypd serve: error: {e}", file=sys.stderr)
+        return 2
+    server = Server(config, args)
+    _handle_signals()
+    try:
+        server.start()
+        while True:
+            time.sleep(3600)
+    except (ShutdownRequested, KeyboardInterrupt):
+        log.info("shutting down")
+        return 0
+    except ServeStartError as e:
+        print(f"raypd serve: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        server.stop()
+
+
+class Server:
+    """The Ray / Serve lifecycle of one `raypd serve` process."""
+
+    def __init__(self, config, args):
+        self.config = config
+        self.args = args
+        self.started_ray = False
+        self.nodes: list = []  # NodeHandles, to kill any node actor the app's shutdown left behind
+
+    def start(self) -> None:
+        from ray import serve
+
+        from raypd.cluster.serve_app import build_serve_app
+
+        ctx = self._init_ray()
+        _handle_signals()  # ray.init installs its own SIGTERM handler, which would skip our clean-up
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        serve.start(http_options={"host": self.args.host, "port": self.args.port})
+        nodes = self.config.prefill_nodes + self.config.decode_nodes + self.config.mixed_nodes
+        log.info("starting %d node(s) and %d ingress replica(s) ...", nodes, self.config.ingress_replicas)
+        try:
+            serve.run(build_serve_app(self.config), name=self.config.app_name, route_prefix="/")
+        except RuntimeError as e:
+            raise ServeStartError(f"the application failed to deploy: {_last_line(e)}") from None
+        pool = serve.get_deployment_handle("NodePool", app_name=self.config.app_name)
+        self.nodes = pool.nodes.remote().result()
+        layout = (f"{self.config.mixed_nodes} mixed" if self.config.mixed_nodes else
+                  f"{self.config.prefill_nodes} prefill + {self.config.decode_nodes} decode")
+        log.info("nodes: %s (%s); policy %s", ", ".join(n.name for n in self.nodes), layout, self.config.policy)
+        log.info("OpenAI endpoint: http://%s:%d/v1  (model %r%s)", _url_host(self.args.host), self.args.port,
+                 self.config.model_name(), ", API key required" if self.config.api_key else "")
+        dashboard = getattr(ctx, "dashboard_url", None)
+        log.info("Ray dashboard: %s", f"http://{dashboard}" if dashboard else "not running")
+        gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address")
+        if gcs:
+            log.info("Ray cluster: %s", gcs)
+        if self.args.metrics_export_port and self.started_ray:
+            log.info("Prometheus metrics: http://127.0.0.1:%d/metrics", self.args.metrics_export_port)
+        log.info("ready; Ctrl-C stops everything")
+
+    def _init_ray(self):
+        import ray
+
+        if ray.is_initialized():
+            return None
+        common = {"namespace": "raypd", "log_to_driver": False, "logging_level": logging.WARNING}
+        if self.args.address:
+            return ray.init(address=self.args.address, **common)
+        c = self.config
+        need = (c.prefill_nodes + c.decode_nodes + c.mixed_nodes) * c.cpus_per_node + c.ingress_cpus * c.ingress_replicas
+        self.started_ray = True
+        if self.args.metrics_export_port:
+            common["_metrics_export_port"] = self.args.metrics_export_port
+        return ray.init(num_cpus=max(math.ceil(need), os.cpu_count() or 1), include_dashboard=not self.args.no_dashboard,
+                        dashboard_host="127.0.0.1", **common)
+
+    def stop(self) -> None:
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            return
+        try:
+            if self.started_ray:
+                serve.shutdown()
+            else:  # a shared cluster: remove only our application (its NodePool stops our nodes)
+                serve.delete(self.config.app_name)
+        except Exception as e:  # noqa: BLE001 - keep going: the nodes and Ray must still stop
+            log.warning("stopping Serve failed: %s", _last_line(e))
+        for node in self.nodes:  # normally already gone with the NodePool; make sure
+            try:
+                ray.kill(node.actor)
+            except Exception as e:  # noqa: BLE001 - keep killing the others
+                log.warning("could not kill node %s: %s", node.name, _last_line(e))
+        ray.shutdown()
+        log.info("stopped")
+
+
+def _handle_signals() -> None:
+    def on_signal(signum, _frame):
+        raise ShutdownRequested(signal.Signals(signum).name)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def _last_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

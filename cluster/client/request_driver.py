@@ -1,0 +1,140 @@
+"""RequestDriver: drives one request through the nodes chosen for it and streams its tokens back.
+
+PD: mint the room id, start the prefill (its result carries the prefill-side timings), call the
+decode node's generate(), and relay its tokens until the final chunk. Mixed: the same with a mixed
+node's generate(). Tokens come over pyzmq to the driver's one TokenReceiver (one message per engine
+step per caller: the measured cheap path, see node/streams.py); the request's end and a node's
+death come over Ray, as the generate() call's return or error. Whatever happens - a node dies,
+nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
+final chunk, and both nodes are told to abort a request that did not end there.
+Callers pass the nodes a router chose (the Conductor); without them the driver picks round-robin.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+
+import ray
+
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.client.token_receiver import TokenReceiver
+from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.messages import NodeRequest, PrefillResult, TokenChunk
+
+log = logging.getLogger(__name__)
+
+
+class NoNodeError(RuntimeError):
+    """No node of a needed role is available."""
+
+
+class RequestDriver:
+    """Run requests on the given nodes from one event loop at a time; close() frees the token socket.
+
+    reply_host: the address nodes send tokens to (default: this process's Ray node IP).
+    stream_tail_s: after a node's generate() returned, how long tokens it counted may still take to
+    arrive before the request ends with a "lost tokens" error."""
+
+    def __init__(self, nodes: Sequence[NodeHandle], chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
+                 reply_host: str | None = None, stream_tail_s: float = 10.0):
+        self.prefill = [n for n in nodes if n.role == "prefill"]
+        self.decode = [n for n in nodes if n.role == "decode"]
+        self.mixed = [n for n in nodes if n.role == "mixed"]
+        self.chunk_timeout_s = chunk_timeout_s
+        self.prefill_wait_s = prefill_wait_s
+        self.stream_tail_s = stream_tail_s
+        self.receiver = TokenReceiver(reply_host)
+        self._rr = {role: itertools.cycle(nodes) for role, nodes in
+                    (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed)) if nodes}
+
+    @property
+    def mode(self) -> str:
+        return "pd" if self.prefill and self.decode else "mixed"
+
+    def pick(self, role: str) -> NodeHandle:
+        if role not in self._rr:
+            raise NoNodeError(f"no {role} node is running")
+        return next(self._rr[role])
+
+    def close(self) -> None:
+        self.receiver.close()
+
+    def __enter__(self) -> RequestDriver:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                       prefill: NodeHandle | None = None, decode: NodeHandle | None = None) -> AsyncIterator[TokenChunk]:
+        if self.mode == "mixed":
+            node = prefill if prefill is not None and prefill.role == "mixed" else self.pick("mixed")
+            req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
+                              reply_address=self.receiver.address)
+            async with aclosing(self._relay(node, req, also_abort=None)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        prefill = prefill or self.pick("prefill")
+        decode = decode or self.pick("decode")
+        req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
+                          bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address)
+        prefill_ref = prefill.actor.prefill.remote(req)
+        final: TokenChunk | None = None
+        async with aclosing(self._relay(decode, req, also_abort=(prefill, prefill_ref))) as chunks:
+            async for chunk in chunks:  # closed at once if our caller stops reading: that aborts
+                if chunk.finished:
+                    final = chunk
+                else:
+                    yield chunk
+        assert final is not None  # relay() always ends with a final chunk
+        yield await self._with_prefill_timings(final, prefill_ref)
+
+    async def _relay(self, node: NodeHandle, req: NodeRequest,
+                     also_abort: tuple[NodeHandle, ray.ObjectRef] | None) -> AsyncGenerator[TokenChunk, None]:
+        """The request's chunks from node.generate(), the last one final. If the request did not end
+        on the node (the caller stopped reading, a timeout, an error here), abort it there and on
+        `also_abort`, the prefill side: (node, its prefill() ref)."""
+        stream = self.receiver.open(req.request_id)
+        end = node.actor.generate.remote(req)
+        try:
+            async with aclosing(stream.relay(end, node.name, self.chunk_timeout_s, self.stream_tail_s)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            stream.close()
+            if not stream.node_done:
+                _fire(node.actor.abort.remote(req.request_id))
+                if also_abort is not None:
+                    prefill, prefill_ref = also_abort
+                    _fire(prefill.actor.abort.remote(req.request_id))
+                    _fire(prefill_ref)
+
+    async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> TokenChunk:
+        """Merge the prefill node's phase timings into the final chunk (bounded wait: the decode side
+        has already ended, so a live prefill node answers at once)."""
+        try:
+            result: PrefillResult = await asyncio.wait_for(prefill_ref, self.prefill_wait_s)
+        except (asyncio.TimeoutError, ray.exceptions.RayError):
+            return final
+        timings = {**{f"prefill.{k}": v for k, v in result.timings.items()},
+                   **{f"decode.{k}": v for k, v in final.timings.items()}}
+        error = final.error
+        if error and result.error and result.error not in error:
+            error = f"{error} (prefill: {result.error})"
+        return TokenChunk(final.request_id, final.token_ids, True, final.finish_reason, error,
+                          final.num_cached_tokens, timings)
+
+
+def _fire(ref) -> None:
+    """Let a call run without awaiting it; swallow its outcome (the node may be dead)."""
+    async def _await():
+        try:
+            await asyncio.wait_for(ref, 30)
+        except Exception:  # noqa: BLE001 - best effort: the request is already over for the caller
+            pass
+    asyncio.ensure_future(_await())

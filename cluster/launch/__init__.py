@@ -1,0 +1,1 @@
+"""Starting Ray and placing node actors (docs/architecture.md, cluster/)."""

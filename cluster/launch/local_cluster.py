@@ -1,0 +1,213 @@
+"""Start (or join) a Ray cluster and place raypd's node actors on it; stop them again.
+
+    with NodeCluster.start(ClusterSpec(prefill_nodes=1, decode_nodes=1)) as cluster:
+        driver = RequestDriver(cluster.nodes)
+
+Each actor gets the Ray resources it asks for (num_cpus here, num_gpus on GPU clusters) and pins
+torch to that many threads. Starting Ray locally reserves enough logical CPUs for the actors even
+on a 2-core machine: they then share cores, which the benchmark notes say.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from raypd.cluster.client.node_handles import NodeHandle
+
+log = logging.getLogger(__name__)
+
+# The Ray node label that says which raypd role a machine is for (cluster.yaml and the Helm chart set it).
+ROLE_LABEL = "raypd.io/role"
+
+NODE_CLASSES = {"prefill": ("raypd.prefill_node.prefill_node", "PrefillNode"),
+                "decode": ("raypd.decode_node.decode_node", "DecodeNode"),
+                "mixed": ("raypd.node.mixed_node", "MixedNode")}
+
+
+class ClusterStartError(RuntimeError):
+    """A node actor could not start (bad model path, out of memory, ...): the reason is in the message."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    prefill_nodes: int = 0
+    decode_nodes: int = 0
+    mixed_nodes: int = 0
+    model: str | None = None
+    engine_options: dict = field(default_factory=dict)
+    # Per-role overrides merged over engine_options, e.g. {"decode": {"num_blocks": 64}}.
+    role_engine_options: dict = field(default_factory=dict)
+    transfer_options: dict = field(default_factory=dict)
+    cpus_per_node: float = 1.0
+    gpus_per_node: float = 0.0
+    prealloc_timeout_s: float | None = None  # decode: wait for KV memory; None = the bootstrap timeout
+    start_timeout_s: float = 300.0
+    # Place each node actor only on Ray nodes labelled raypd.io/role=<its role> (GPU clusters whose
+    # machines are sized per role); False = anywhere with free resources (a laptop, one box).
+    place_by_role: bool = False
+    # Logical CPUs of a Ray started here; None = enough for the spec's nodes (at least the core count).
+    # Raise it to add nodes later (add_nodes) without waiting on resources.
+    ray_cpus: int | None = None
+    name_prefix: str = "raypd"
+    # Routing: None = the driver's round-robin, no Conductor; else a Conductor policy name
+    # (round_robin, least_loaded, cache_aware, cost) and optionally a topology YAML file.
+    policy: str | None = None
+    topology_file: str | None = None
+    conductor_options: dict = field(default_factory=dict)  # ConductorConfig fields
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_nodes, self.decode_nodes, self.mixed_nodes) < 0:
+            raise ValueError("node counts must be >= 0")
+        if (self.prefill_nodes > 0) != (self.decode_nodes > 0):
+            raise ValueError("PD mode needs at least one prefill node and one decode node")
+        if self.cpus_per_node <= 0 or self.gpus_per_node < 0:
+            raise ValueError("cpus_per_node must be > 0 and gpus_per_node >= 0")
+
+    def roles(self) -> list[str]:
+        return ["prefill"] * self.prefill_nodes + ["decode"] * self.decode_nodes + ["mixed"] * self.mixed_nodes
+
+
+class NodeCluster:
+    def __init__(self, spec: ClusterSpec, started_ray: bool):
+        self.spec = spec
+        self.nodes: list[NodeHandle] = []
+        self._started_ray = started_ray
+        self._counters: dict[str, int] = {}
+        self.conductor = None  # the Conductor actor handle when spec.policy is set
+
+    @classmethod
+    def start(cls, spec: ClusterSpec, address: str | None = None) -> NodeCluster:
+        """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel."""
+        started_ray = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                need = int(-(-spec.cpus_per_node * len(spec.roles()) // 1))
+                ray.init(num_cpus=spec.ray_cpus or max(need, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+                started_ray = True
+        cluster = cls(spec, started_ray)
+        try:
+            if spec.policy is not None:
+                cluster.conductor = _start_conductor(spec)
+            cluster.add_nodes(spec.roles())
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def add_nodes(self, roles: list[str], engine_options: dict | None = None,
+                  transfer_options: dict | None = None) -> list[NodeHandle]:
+        """Start nodes of the given roles (options merged over the spec's) and wait until they are ready."""
+        created = []
+        for role in roles:
+            n = self._counters.get(role, 0)
+            self._counters[role] = n + 1
+            name = f"{self.spec.name_prefix}-{role}-{n}"
+            created.append((name, role, _create_actor(self.spec, role, name, engine_options or {},
+                                                      transfer_options or {})))
+        try:
+            hint = ""
+            if self.spec.place_by_role:
+                labels = ", ".join(sorted({f"{ROLE_LABEL}={r}" for r in roles}))
+                hint = f" (place_by_role: is there a Ray node labelled {labels} with free resources?)"
+            infos = _wait_ready([a for _, _, a in created], self.spec.start_timeout_s, hint)
+        except BaseException:
+            for _, _, actor in created:
+                ray.kill(actor)
+            raise
+        handles = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""))
+                   for (name, role, actor), info in zip(created, infos)]
+        if self.conductor is not None:
+            # Nodes register themselves (with their own handle) and then stream KV events and loads.
+            ray.get([h.actor.attach_conductor.remote(self.conductor) for h in handles], timeout=60)
+        self.nodes.extend(handles)
+        return handles
+
+    def by_role(self, role: str) -> list[NodeHandle]:
+        return [n for n in self.nodes if n.role == role]
+
+    def remove(self, node: NodeHandle) -> None:
+        """Forget a node (after it died or was killed); stop() will not touch it."""
+        self.nodes = [n for n in self.nodes if n.name != node.name]
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Ask each node to close its transfer endpoint, then kill the actors (and Ray if we started it)."""
+        refs = [n.actor.shutdown.remote() for n in self.nodes]
+        if refs:
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            except ray.exceptions.RayError:
+                pass
+        for n in self.nodes:
+            ray.kill(n.actor)
+        self.nodes = []
+        if self.conductor is not None:
+            ray.kill(self.conductor)
+            self.conductor = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> NodeCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _start_conductor(spec: ClusterSpec):
+    from dataclasses import replace
+
+    from raypd.conductor.actor import start_conductor
+    from raypd.conductor.config import ConductorConfig
+
+    from raypd.conductor.topology import Topology
+
+    config = replace(ConductorConfig(), policy=spec.policy, **spec.conductor_options)
+    # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
+    topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
+    conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
+    try:  # answered once constructed: nodes register with a Conductor that is there
+        ray.get(conductor.status.remote(), timeout=spec.start_timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise ClusterStartError(f"the Conductor did not start within {spec.start_timeout_s:.0f}s") from e
+    except ray.exceptions.RayActorError as e:
+        raise ClusterStartError(f"the Conductor failed to start: {_first_line(getattr(e, 'cause', None) or e)}") from e
+    return conductor
+
+
+def _create_actor(spec: ClusterSpec, role: str, name: str, engine_options: dict, transfer_options: dict):
+    module, cls_name = NODE_CLASSES[role]
+    cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+    options = {**spec.engine_options, **spec.role_engine_options.get(role, {}), **engine_options}
+    kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node}
+    if role in ("prefill", "decode"):
+        kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
+    if role == "decode":
+        kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
+    placement = {"label_selector": {ROLE_LABEL: role}} if spec.place_by_role else {}
+    remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
+                                     max_concurrency=1000, max_restarts=0, **placement)
+    return remote.remote(**kwargs)
+
+
+def _wait_ready(actors: list, timeout_s: float, hint: str = "") -> list[dict]:
+    refs = [a.ready.remote() for a in actors]
+    deadline = time.monotonic() + timeout_s
+    try:
+        return ray.get(refs, timeout=max(1.0, deadline - time.monotonic()))
+    except ray.exceptions.GetTimeoutError as e:
+        raise ClusterStartError(f"node actors did not start within {timeout_s:.0f}s{hint}") from e
+    except ray.exceptions.RayActorError as e:
+        cause = getattr(e, "cause", None) or e
+        raise ClusterStartError(f"a node actor failed to start: {_first_line(cause)}") from e
+
+
+def _first_line(e: object) -> str:
+    text = str(e).strip().splitlines()
+    return text[-1] if text else repr(e)

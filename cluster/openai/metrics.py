@@ -1,0 +1,197 @@
+"""Ingress metrics through ray.util.metrics, so they reach the Ray dashboard and the Prometheus
+endpoint Ray exports. Without Ray (unit tests, a bare FastAPI app) every call is a no-op, and ray is
+imported only when it is already initialized.
+
+Exported (Ray adds the prefix `ray_`; counters also get `_total`):
+  raypd_ingress_requests{endpoint,status}   status: ok | client_error | rejected | unavailable | aborted | error
+  raypd_ingress_ttft_seconds{endpoint}      request arrival -> a choice's first text (histogram)
+  raypd_ingress_tpot_seconds{endpoint}      per choice: (last - first event) / (completion tokens - 1)
+  raypd_ingress_e2e_latency_seconds{endpoint}     arrival -> last event, requests that ended ok
+  raypd_ingress_{prompt,completion,cached}_tokens{endpoint}   counted like the response's usage
+
+Who records what, per generation request (one RequestRecord each):
+  MetricsMiddleware  creates it at arrival, and counts the status from the HTTP code unless the
+                     generation already did (401/413 from the guard, 400 from parsing, 500s);
+                     a cancelled call (the client went away) counts as aborted
+  RequestRecord.track()  wraps the choice events: first-text time, tokens, and the status of a
+                     generation that started - the only way to know how a 200 stream really ended
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any, Literal
+
+from raypd.cluster.openai.api_errors import api_error
+
+if TYPE_CHECKING:
+    from raypd.cluster.openai.params import PreparedRequest
+
+Status = Literal["ok", "client_error", "rejected", "unavailable", "aborted", "error"]
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+STATE_KEY = "raypd_request"  # where the middleware leaves the record in the ASGI scope's state
+
+# Seconds. Wide enough for both ends: a GPU answers in tens of ms, SmolLM2 on 2 shared CPU cores in
+# seconds, and a long prompt queued behind others on CPU in minutes.
+TTFT_S = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0]
+TPOT_S = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0]
+E2E_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0]
+
+
+def ray_metrics_api() -> Any | None:
+    """ray.util.metrics when this process is part of a Ray cluster, else None (no-op metrics)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray.util import metrics
+
+    return metrics
+
+
+def status_of(http_status: int) -> Status:
+    if http_status < 400:
+        return "ok"
+    if http_status == 429:
+        return "rejected"
+    if http_status == 503:
+        return "unavailable"
+    return "client_error" if http_status < 500 else "error"
+
+
+class IngressMetrics:
+    def __init__(self, api: Any | None = None):
+        """`api`: a module with Counter, Gauge and Histogram (tests pass a fake); default: Ray's
+        when Ray is initialized, else nothing is recorded."""
+        api = api if api is not None else ray_metrics_api()
+        self.enabled = api is not None
+        if api is None:
+            return
+        p, tags = "raypd_ingress_", ("endpoint",)
+        self.requests = api.Counter(p + "requests", "generation requests by how they ended", ("endpoint", "status"))
+        self.ttft = api.Histogram(p + "ttft_seconds", "time to first text per choice", TTFT_S, tags)
+        self.tpot = api.Histogram(p + "tpot_seconds", "time per output token per choice", TPOT_S, tags)
+        self.e2e = api.Histogram(p + "e2e_latency_seconds", "request latency, requests that ended ok", E2E_S, tags)
+        self.prompt_tokens = api.Counter(p + "prompt_tokens", "prompt tokens (once per prompt)", tags)
+        self.completion_tokens = api.Counter(p + "completion_tokens", "generated tokens", tags)
+        self.cached_tokens = api.Counter(p + "cached_tokens", "prompt tokens served from a prefix cache", tags)
+
+    def start(self, endpoint: str) -> RequestRecord:
+        return RequestRecord(self, endpoint, time.monotonic())
+
+
+class RequestRecord:
+    """One generation request from arrival to its status; finish() counts it once, whoever calls first."""
+    __slots__ = ("metrics", "endpoint", "t0", "status", "_last_event")
+
+    def __init__(self, metrics: IngressMetrics, endpoint: str, t0: float):
+        self.metrics = metrics
+        self.endpoint = endpoint
+        self.t0 = t0
+        self.status: Status | None = None
+        self._last_event = t0
+
+    def finish(self, status: Status) -> None:
+        if self.status is not None:
+            return
+        self.status = status
+        m = self.metrics
+        if m.enabled:
+            m.requests.inc(1, {"endpoint": self.endpoint, "status": status})
+            if status == "ok":
+                m.e2e.observe(self._last_event - self.t0, {"endpoint": self.endpoint})
+
+    async def track(self, events: AsyncGenerator, prepared: PreparedRequest,
+                    echo: list[str] | None = None) -> AsyncGenerator:
+        """`events` (the request's ChoiceEvents) passed through while recording. Tokens count as in
+        the response's usage: prompts once, cached tokens once per prompt (its best choice's). With
+        `echo`, a choice's first event is its echoed prompt, not generated text.
+        Errors leave as their APIError, so the layers above map nothing twice."""
+        m, tags = self.metrics, {"endpoint": self.endpoint}
+        prompt_of = {job.index: job.prompt_index for job in prepared.jobs}
+        echoed = {job.index for job in prepared.jobs if echo and echo[job.prompt_index]}
+        first: dict[int, float] = {}  # choice -> time of its first generated text
+        seen: set[int] = set()
+        completion, cached = 0, dict.fromkeys(range(len(prepared.prompts)), 0)
+        if m.enabled:
+            m.prompt_tokens.inc(sum(map(len, prepared.prompts)), tags)
+        try:
+            async for e in events:
+                now = self._last_event = time.monotonic()
+                is_echo = e.index in echoed and e.index not in seen
+                seen.add(e.index)
+                if not is_echo and e.index not in first:
+                    first[e.index] = now
+                    _observe(m, "ttft", now - self.t0, tags)
+                if e.finish_reason:
+                    completion += e.completion_tokens
+                    p = prompt_of.get(e.index, 0)
+                    cached[p] = max(cached.get(p, 0), e.cached_tokens)
+                    if e.completion_tokens > 1 and e.index in first:
+                        _observe(m, "tpot", (now - first[e.index]) / (e.completion_tokens - 1), tags)
+                yield e
+            self.finish("ok")
+        except (asyncio.CancelledError, GeneratorExit):
+            self.finish("aborted")  # the client left (or the response was never read): closed early
+            raise
+        except Exception as e:  # noqa: BLE001 - classified by the status the client gets
+            err = api_error(e)
+            self.finish(status_of(err.status))
+            if err is e:
+                raise
+            raise err from e
+        finally:
+            if m.enabled:
+                if completion:
+                    m.completion_tokens.inc(completion, tags)
+                if sum(cached.values()):
+                    m.cached_tokens.inc(sum(cached.values()), tags)
+
+
+def _observe(m: IngressMetrics, name: str, value: float, tags: dict) -> None:
+    if m.enabled:
+        getattr(m, name).observe(max(value, 0.0), tags)
+
+
+class MetricsMiddleware:
+    """ASGI middleware, outermost: one RequestRecord per generation request (see the module doc)."""
+
+    def __init__(self, app, metrics: IngressMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        endpoint = ENDPOINTS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        rec = self.metrics.start(endpoint)
+        scope.setdefault("state", {})[STATE_KEY] = rec
+        code = 0
+
+        async def send_status(message):
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:
+            rec.finish("aborted")
+            raise
+        except BaseException:
+            rec.finish("error")  # nothing below answered: the server turns this into a 500
+            raise
+        rec.finish(status_of(code) if code else "aborted")  # no response started: the client left first
+
+
+def record_of(state: Any) -> RequestRecord | None:
+    """The record MetricsMiddleware left in a Starlette request.state (None without the middleware)."""
+    return getattr(state, STATE_KEY, None)
+
+
+def track(rec: RequestRecord | None, events: AsyncGenerator, prepared: PreparedRequest,
+          echo: list[str] | None = None) -> AsyncGenerator:
+    """rec.track(...), or `events` untouched when there is no record (an app without the middleware)."""
+    return events if rec is None else rec.track(events, prepared, echo)

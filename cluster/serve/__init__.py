@@ -1,0 +1,1 @@
+"""The Ray Serve deployments: the OpenAI ingress and the NodePool (docs/architecture.md, cluster/)."""

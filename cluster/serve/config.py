@@ -1,0 +1,91 @@
+"""ServeConfig: everything one raypd Serve application is made of, frozen and validated once.
+
+`raypd serve` builds it from flags; `cluster.serve_app:app_builder` from the args of a Serve config
+file (serve run / a KubeRay RayService). The same object reaches the node pool and every ingress
+replica, so they agree on the model, the node counts and the limits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from raypd.cluster.launch.local_cluster import ClusterSpec
+
+
+class ServeConfigError(ValueError):
+    """A serve option is out of range or inconsistent; the message is the one line a user sees."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str | None = None              # HF folder or .gguf; None = the embedded SmolLM2
+    served_model_name: str | None = None  # the id clients send as "model"; default: from the path
+    prefill_nodes: int = 1
+    decode_nodes: int = 1
+    mixed_nodes: int = 0
+    cpus_per_node: float = 1.0
+    gpus_per_node: float = 0.0
+    place_by_role: bool = False           # node actors only on Ray nodes labelled raypd.io/role=<role>
+    engine_options: dict = field(default_factory=dict)
+    transfer_options: dict = field(default_factory=dict)
+    # Routing policy of the Conductor actor the node pool starts; the ingress routes through it.
+    policy: str = "cost"
+    topology: str | None = None           # topology file for the Conductor (passed through)
+    api_key: str | None = None
+    max_body_bytes: int = 4 << 20
+    default_max_tokens: int | None = None  # output cap when a request sets none (None: rest of the context)
+    ingress_replicas: int = 1
+    ingress_cpus: float = 0.0             # the nodes do the heavy work; 0 keeps a small box schedulable
+    chunk_timeout_s: float = 120.0        # the driver gives up on a node silent for this long
+    app_name: str = "raypd"
+
+    def __post_init__(self) -> None:
+        counts = (self.prefill_nodes, self.decode_nodes, self.mixed_nodes)
+        if any(not isinstance(c, int) or c < 0 for c in counts):
+            raise ServeConfigError("node counts must be integers >= 0")
+        if (self.prefill_nodes > 0) != (self.decode_nodes > 0):
+            raise ServeConfigError("PD needs at least one prefill node and one decode node (or use --mixed-nodes)")
+        if self.prefill_nodes and self.mixed_nodes:
+            raise ServeConfigError("run either prefill + decode nodes or mixed nodes, not both")
+        if not any(counts):
+            raise ServeConfigError("no nodes: set --prefill-nodes and --decode-nodes, or --mixed-nodes")
+        from raypd.conductor.policies import POLICIES  # the Conductor's registry is the one list of names
+        if self.policy not in POLICIES:
+            raise ServeConfigError(f"unknown policy {self.policy!r}; one of {', '.join(sorted(POLICIES))}")
+        if self.topology is not None and not Path(self.topology).is_file():
+            raise ServeConfigError(f"topology file not found: {self.topology}")
+        if self.cpus_per_node <= 0 or self.gpus_per_node < 0 or self.ingress_cpus < 0:
+            raise ServeConfigError("--cpus-per-node must be > 0, --gpus-per-node and ingress cpus >= 0")
+        if self.ingress_replicas < 1:
+            raise ServeConfigError("ingress_replicas must be >= 1")
+        if self.max_body_bytes < 1024:
+            raise ServeConfigError("max_body_bytes must be >= 1024")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ServeConfigError("default_max_tokens must be >= 1")
+
+    @classmethod
+    def from_args(cls, args: dict) -> ServeConfig:
+        """From a Serve config file's `args` (unknown keys are an error, not silently dropped)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ServeConfigError(f"unknown raypd app args: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if args.get("mixed_nodes") and "prefill_nodes" not in args and "decode_nodes" not in args:
+            args = {**args, "prefill_nodes": 0, "decode_nodes": 0}  # mixed alone means no PD nodes, as the CLI
+        return cls(**args)
+
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            from raypd.engine.model.source import DEFAULT_MODEL_FILE
+            return Path(DEFAULT_MODEL_FILE).stem
+        path = Path(self.model)
+        return path.stem if path.suffix == ".gguf" else path.name
+
+    def cluster_spec(self) -> ClusterSpec:
+        return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,
+                           mixed_nodes=self.mixed_nodes, model=self.model, engine_options=dict(self.engine_options),
+                           transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
+                           gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name, policy=self.policy,
+                           topology_file=self.topology)

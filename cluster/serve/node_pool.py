@@ -1,0 +1,44 @@
+"""NodePool: the Serve deployment (one replica) that owns the application's node actors.
+
+It starts them with the launcher (cluster.local_cluster) when the application deploys and stops
+them when the application goes away (serve.shutdown, serve.delete, a RayService update), so the
+nodes live exactly as long as the app, whether `raypd serve` or a Serve config file deployed it.
+The node actors are owned by this replica's process: if Serve ever replaces the replica, its nodes
+go with it and the new replica starts fresh ones. Ingress replicas ask it for the NodeHandles.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ray import serve
+
+from raypd.cluster.launch.local_cluster import NodeCluster
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.serve.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
+                  # Node start-up failures (bad model, no memory) repeat on retry; fail the deploy early.
+                  max_constructor_retry_count=1,
+                  graceful_shutdown_timeout_s=60, health_check_timeout_s=60)
+class NodePool:
+    async def __init__(self, config: ServeConfig):  # type: ignore[misc]  # Serve awaits an async constructor
+        self.config = config
+        # The launcher blocks on ray.get while the nodes load their model; keep the replica's loop free.
+        self.cluster = await asyncio.to_thread(NodeCluster.start, config.cluster_spec())
+        log.info("raypd nodes up: %s", ", ".join(n.name for n in self.cluster.nodes))
+
+    async def nodes(self) -> list[NodeHandle]:
+        return list(self.cluster.nodes)
+
+    async def conductor(self):
+        """The Conductor actor handle (None when the pool runs without one)."""
+        return self.cluster.conductor
+
+    async def __del__(self):
+        cluster = getattr(self, "cluster", None)  # None when the constructor failed: nothing started
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)

@@ -1,0 +1,129 @@
+"""What each endpoint does, independent of FastAPI and of Serve: turn a validated request into
+prompts and sampling parameters, run it, render the answer. One instance per ingress replica.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from raypd.cluster.openai.api_errors import BadRequest, ServiceUnavailable
+from raypd.cluster.serve.generation import Generator
+from raypd.cluster.openai.metrics import RequestRecord, track
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.openai.params import ModelLimits, PreparedRequest, chat_messages, check_supported, prepare
+from raypd.cluster.openai.render import Kind, Renderer
+from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest
+from raypd.cluster.openai.response_schema import ModelCard, ModelList
+from raypd.engine.errors import InvalidRequestError
+from raypd.engine.tokenizer import Tokenizer
+
+MAX_GENERATIONS = 64  # prompts x n in one request: bounds what one HTTP call can put on the nodes
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}  # no proxy may buffer the stream
+
+
+class OpenAIService:
+    def __init__(self, tokenizer: Tokenizer, limits: ModelLimits, generator: Generator, nodes: list[NodeHandle]):
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.generator = generator
+        self.nodes = nodes
+        self.created = int(time.time())
+
+    async def chat(self, req: ChatCompletionRequest, rec: RequestRecord | None = None) -> Response:
+        self._check(req)
+        messages = chat_messages(req)
+        try:
+            ids = self.tokenizer.apply_chat_template(messages)
+        except InvalidRequestError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a Jinja template may raise anything on odd messages
+            raise BadRequest(f"the model's chat template rejected the messages: {e}", "messages") from e
+        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits), rec=rec)
+
+    async def completions(self, req: CompletionRequest, rec: RequestRecord | None = None) -> Response:
+        self._check(req)
+        prompts = self._completion_prompts(req.prompt)
+        prepared = prepare(req, prompts, self.limits)
+        echo = None
+        if req.echo:
+            echo = [p if isinstance(p, str) else self.tokenizer.decode(ids)
+                    for p, ids in zip(_as_list(req.prompt), prompts)]
+        return await self._respond("completion", "cmpl", req, prepared, echo, rec)
+
+    def models(self) -> dict:
+        card = ModelCard(id=self.limits.name, created=self.created, max_model_len=self.limits.context_len)
+        return ModelList(data=[card]).model_dump(mode="json")
+
+    async def health(self, timeout_s: float = 5.0) -> dict:
+        """Every node answers: the replica can serve. Probes call this; it raises 503 otherwise."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(_actor(n).ready.remote() for n in self.nodes)), timeout_s)
+        except Exception as e:  # noqa: BLE001 - a dead or stuck node: not ready, whatever the cause
+            raise ServiceUnavailable(f"a node does not answer: {type(e).__name__}", code="node_failure") from e
+        return {"status": "ok", "model": self.limits.name, "nodes": len(self.nodes)}
+
+    async def node_status(self, timeout_s: float = 10.0) -> dict:
+        """Per node: what it still holds (check_idle: zeros when idle) and its load; for operators and
+        for tests that prove a disconnect freed everything."""
+        async def one(n: NodeHandle) -> dict:
+            try:
+                idle, load = await asyncio.wait_for(
+                    asyncio.gather(_actor(n).check_idle.remote(), _actor(n).load_report.remote()), timeout_s)
+                return {"name": n.name, "role": n.role, "host": n.host.hostname, "held": idle,
+                        "idle": not any(idle.values()), "load": asdict(load)}
+            except Exception as e:  # noqa: BLE001 - report the node as failing, keep the others
+                return {"name": n.name, "role": n.role, "host": n.host.hostname, "error": f"{type(e).__name__}: {e}"}
+        return {"nodes": await asyncio.gather(*(one(n) for n in self.nodes))}
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def _check(self, req: ChatCompletionRequest | CompletionRequest) -> None:
+        check_supported(req, self.limits)
+        if req.stream_options is not None and not req.stream:
+            raise BadRequest("stream_options is only allowed when stream is true", "stream_options")
+
+    def _completion_prompts(self, prompt) -> list[list[int]]:
+        items = _as_list(prompt)
+        if not items:
+            raise BadRequest("the prompt is empty", "prompt")
+        return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
+
+    async def _respond(self, kind: Kind, prefix: str, req, prepared: PreparedRequest,
+                       echo: list[str] | None = None, rec: RequestRecord | None = None) -> Response:
+        if len(prepared.jobs) > MAX_GENERATIONS:
+            raise BadRequest(f"prompts x n is {len(prepared.jobs)}; at most {MAX_GENERATIONS} per request", "n")
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        renderer = Renderer(kind, rid, self.limits.name, int(time.time()), [len(p) for p in prepared.prompts],
+                            req.n, include_usage)
+        events = track(rec, self.generator.run(rid, prepared, echo), prepared, echo)  # metrics, if recorded
+        if not req.stream:
+            return JSONResponse(await renderer.collect(events))
+        # Wait for the first event before answering, so routing and early node failures still get
+        # their HTTP status (429, 503) instead of an error inside a 200 stream.
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            raise ServiceUnavailable("the cluster produced no output", code="node_failure") from None
+        except BaseException:
+            await events.aclose()
+            raise
+        return StreamingResponse(renderer.sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _actor(node: NodeHandle) -> Any:
+    """The node's Ray actor handle (NodeHandle types it as a plain object)."""
+    return node.actor
+
+
+def _as_list(prompt) -> list:
+    """The OpenAI prompt forms as a list of prompts: str | [str] | [int] | [[int]]."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)

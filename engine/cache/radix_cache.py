@@ -1,0 +1,189 @@
+"""Radix prefix cache over block-aligned token runs.
+
+The tree's edges are whole KV blocks: a node is one block (its `block_size` token ids and the pool
+block holding their KV), children are keyed by their block's token tuple. A path from the root is a
+cached prefix. Locks are counted on the whole path to the root, so an unlocked node has an
+unlocked subtree and is evictable; eviction takes unlocked leaves in LRU order (logical clock, ties
+by creation order). Every change is published as a KV event with a per-cache sequence number.
+
+The tree holds one allocator reference on each stored block; requests add their own.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.protocol.block_hash import ROOT_HASH, block_hash
+from raypd.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventCallback
+
+
+@dataclass(eq=False, slots=True)
+class RadixNode:
+    tokens: tuple[int, ...]
+    block: int
+    hash: int
+    parent: RadixNode | None
+    uid: int
+    children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+    def __lt__(self, other: RadixNode) -> bool:
+        return (self.last_access, self.uid) < (other.last_access, other.uid)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    node: RadixNode  # deepest matched node (the root when nothing matched)
+    blocks: list[int]  # pool block ids of the matched prefix, in order
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+class RadixCache:
+    def __init__(self, allocator: BlockAllocator, block_size: int, on_event: KVEventCallback | None = None):
+        self.allocator = allocator
+        self.block_size = block_size
+        self._on_event = on_event
+        self._uids = itertools.count()
+        self.root = RadixNode(tokens=(), block=-1, hash=ROOT_HASH, parent=None, uid=next(self._uids))
+        self.root.lock_ref = 1  # never evicted
+        self._clock = 0
+        self._event_seq = 0
+        self.num_cached_blocks = 0
+        self.num_evictable_blocks = 0
+        self.num_evicted_blocks = 0  # lifetime total, for stats
+
+    # -- lookup ---------------------------------------------------------------------------------
+    def match_prefix(self, token_ids: Sequence[int], max_blocks: int | None = None) -> PrefixMatch:
+        """Longest cached run of whole blocks that prefixes `token_ids` (at most `max_blocks`)."""
+        self._clock += 1
+        node, blocks = self.root, []
+        limit = len(token_ids) // self.block_size
+        if max_blocks is not None:
+            limit = min(limit, max_blocks)
+        for i in range(limit):
+            key = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            child = node.children.get(key)
+            if child is None:
+                break
+            node = child
+            node.last_access = self._clock
+            blocks.append(node.block)
+        return PrefixMatch(node=node, blocks=blocks)
+
+    # -- locking --------------------------------------------------------------------------------
+    def lock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.num_evictable_blocks -= 1
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise AssertionError("unlock of an unlocked radix node")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.num_evictable_blocks += 1
+            node = node.parent
+
+    # -- insertion ------------------------------------------------------------------------------
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> tuple[RadixNode, list[int]]:
+        """Store the full blocks of `token_ids` whose KV sits in `blocks`.
+
+        Returns the deepest node and the canonical block id of each stored position: where the tree
+        already held that prefix, its own block is canonical and the caller's copy is a duplicate
+        that the caller should release.
+        """
+        self._clock += 1
+        n = min(len(token_ids) // self.block_size, len(blocks))
+        node, canonical = self.root, []
+        new_nodes: list[RadixNode] = []
+        for i in range(n):
+            key = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            child = node.children.get(key)
+            if child is None:
+                child = RadixNode(tokens=key, block=blocks[i], hash=block_hash(node.hash, key),
+                                  parent=node, uid=next(self._uids))
+                node.children[key] = child
+                self.allocator.incref([blocks[i]])
+                self.num_cached_blocks += 1
+                self.num_evictable_blocks += 1
+                new_nodes.append(child)
+            child.last_access = self._clock
+            canonical.append(child.block)
+            node = child
+        if new_nodes:
+            self._emit(BlockStored(
+                seq=self._next_seq(), parent_hash=new_nodes[0].parent.hash,
+                block_hashes=tuple(x.hash for x in new_nodes),
+                token_ids=tuple(t for x in new_nodes for t in x.tokens), block_size=self.block_size))
+        return node, canonical
+
+    # -- eviction -------------------------------------------------------------------------------
+    def evict(self, num_blocks: int) -> int:
+        """Free up to `num_blocks` blocks from unlocked leaves, least recently used first."""
+        leaves = [x for x in self._iter_nodes() if not x.children and x.lock_ref == 0]
+        heapq.heapify(leaves)
+        removed: list[int] = []
+        while leaves and len(removed) < num_blocks:
+            leaf = heapq.heappop(leaves)
+            parent = leaf.parent
+            del parent.children[leaf.tokens]
+            self.allocator.decref([leaf.block])
+            self.num_cached_blocks -= 1
+            self.num_evictable_blocks -= 1
+            removed.append(leaf.hash)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(leaves, parent)
+        self.num_evicted_blocks += len(removed)
+        if removed:
+            self._emit(BlockRemoved(seq=self._next_seq(), block_hashes=tuple(removed)))
+        return len(removed)
+
+    def reset(self) -> None:
+        """Drop every unlocked block; refuses while requests hold locks."""
+        if any(x.lock_ref for x in self._iter_nodes()):
+            raise RuntimeError("cannot reset the prefix cache while requests hold parts of it")
+        for x in self._iter_nodes():
+            self.allocator.decref([x.block])
+        self.root.children.clear()
+        self.num_cached_blocks = self.num_evictable_blocks = 0
+        self._emit(AllBlocksCleared(seq=self._next_seq()))
+
+    def snapshot(self) -> tuple[int, list[BlockStored]]:
+        """(last event seq, one BlockStored per cached block, parents before children): what a
+        consumer that lost events needs to rebuild its view of this cache."""
+        events, stack = [], list(self.root.children.values())
+        while stack:
+            x = stack.pop()
+            events.append(BlockStored(seq=self._event_seq, parent_hash=x.parent.hash, block_hashes=(x.hash,),
+                                      token_ids=x.tokens, block_size=self.block_size))
+            stack.extend(x.children.values())
+        return self._event_seq, events
+
+    def cached_blocks(self) -> set[int]:
+        return {x.block for x in self._iter_nodes()}
+
+    # -- internals ------------------------------------------------------------------------------
+    def _iter_nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            x = stack.pop()
+            yield x
+            stack.extend(x.children.values())
+
+    def _next_seq(self) -> int:
+        self._event_seq += 1
+        return self._event_seq
+
+    def _emit(self, event: KVEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(event)

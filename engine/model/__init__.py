@@ -1,0 +1,1 @@
+"""The model and how it is loaded (docs/architecture.md, engine/)."""

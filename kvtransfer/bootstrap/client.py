@@ -1,0 +1,57 @@
+"""BootstrapLink: a receiver (decode) endpoint's connection to one sender's bootstrap server.
+
+One DEALER per sender address, whose routing id is the receiver's name. It registers once (the
+receiver's transfer metadata), then carries per-room messages and heartbeats. `registered` and
+`server_name` record the sender's answer; a Pong that no longer knows us, or comes from another
+server name, means the sender restarted and the link must be rebuilt.
+"""
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.errors import SchemaError
+
+log = logging.getLogger(__name__)
+
+
+class BootstrapLink:
+    def __init__(self, ctx: zmq.Context, address: str, identity: str, max_message_bytes: int, now: float):
+        self.address = address
+        self.socket = ctx.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTING_ID, identity.encode())
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.socket.connect(address)
+        self.registered = False
+        self.server_name: str | None = None
+        self.last_heard = now    # the heartbeat clock starts at creation: an unreachable sender times out
+        self.next_ping = now
+        self.seq = 0
+
+    def send(self, msg: schema.Message) -> bool:
+        try:
+            self.socket.send(schema.encode(msg), flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as e:
+            log.warning("bootstrap link %s: cannot send %s: %s", self.address, type(msg).__name__, e)
+            return False
+
+    def receive(self) -> list[schema.Message]:
+        out: list[schema.Message] = []
+        while True:
+            try:
+                frames = self.socket.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                if len(frames) != 1:
+                    raise SchemaError(f"expected one frame, got {len(frames)}")
+                out.append(schema.decode(frames[0]))
+            except SchemaError as e:
+                log.error("bootstrap link %s: rejected a message: %s", self.address, e)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)

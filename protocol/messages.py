@@ -1,0 +1,124 @@
+"""What crosses an actor boundary between the caller (launcher, ingress), the nodes and the Conductor.
+
+Plain frozen dataclasses: Ray serializes them between trusted actors. Token streams go over pyzmq
+(node/streams.py), so TokenChunk also has an explicit msgpack form, decoded strictly (never pickle);
+the KV bytes and the bootstrap handshake go through kvtransfer's msgpack schema.
+Imports no torch, so the Conductor can use these too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+from raypd.protocol.kv_events import KVEvent
+from raypd.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class HostInfo:
+    node_id: str       # Ray node id of the machine the actor runs on
+    ip: str
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequest:
+    request_id: str
+    room: int                      # 63-bit id minted once per request; both PD sides key on it
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    bootstrap_address: str = ""    # decode side: the prefill node's kvtransfer bootstrap endpoint
+    reply_address: str = ""        # decode / mixed: the caller's zmq PULL socket for the tokens ("": none)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """One streamed message. The last one of a request has finished=True and either a finish_reason
+    ("stop", "length", "abort") or an error; a stream never ends without one."""
+    request_id: str
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (prefill side's in PD)
+    timings: dict = field(default_factory=dict)  # on the last chunk: seconds per lifecycle phase
+
+    def to_wire(self) -> list:
+        return [self.request_id, list(self.token_ids), self.finished, self.finish_reason, self.error,
+                self.num_cached_tokens, self.timings]
+
+    @classmethod
+    def from_wire(cls, w: object) -> TokenChunk:
+        """The inverse of to_wire(); anything else raises ValueError."""
+        if not isinstance(w, (list, tuple)) or len(w) != 7:
+            raise ValueError(f"a token chunk is a 7-item array, got {type(w).__name__}")
+        rid, tokens, finished, reason, error, cached, timings = w
+        if not (isinstance(rid, str) and isinstance(tokens, (list, tuple)) and all(type(t) is int for t in tokens)
+                and isinstance(finished, bool) and isinstance(reason, (str, type(None)))
+                and isinstance(error, (str, type(None))) and type(cached) is int and isinstance(timings, dict)
+                and all(isinstance(k, str) and type(v) in (int, float) for k, v in timings.items())):
+            raise ValueError(f"malformed token chunk for request {rid!r}")
+        return cls(rid, tuple(tokens), finished, reason, error, cached, dict(timings))
+
+
+TOKEN_WIRE_VERSION = 1
+
+
+def pack_chunks(chunks: list[TokenChunk]) -> bytes:
+    """One token-stream message: [version, [chunk, ...]], every chunk of one engine step for one caller."""
+    return msgpack.packb([TOKEN_WIRE_VERSION, [c.to_wire() for c in chunks]])
+
+
+def unpack_chunks(data: bytes) -> list[TokenChunk]:
+    """Strict inverse of pack_chunks(): a malformed message raises ValueError."""
+    try:
+        msg = msgpack.unpackb(data)
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        raise ValueError(f"not a msgpack message: {e}") from e
+    if not isinstance(msg, list) or len(msg) != 2 or msg[0] != TOKEN_WIRE_VERSION or not isinstance(msg[1], list):
+        raise ValueError(f"not a version-{TOKEN_WIRE_VERSION} token-stream message")
+    return [TokenChunk.from_wire(w) for w in msg[1]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """What generate() on a decode or mixed node returns once the request ended. `final` is the final
+    chunk, also sent on the token stream; `num_tokens` counts every token the stream carried, the
+    final chunk's included, so the caller knows when it holds them all (the stream and the Ray
+    return are not ordered)."""
+    final: TokenChunk
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """The prefill node's answer for one request, once its room ended."""
+    request_id: str
+    ok: bool
+    error: str | None = None
+    num_cached_tokens: int = 0
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    node_name: str
+    role: str                      # "prefill", "decode" or "mixed"
+    queued_prefill_tokens: int     # prompt tokens not yet computed (bootstrap + waiting + running chunks)
+    waiting: int                   # requests not yet running (any queue before the running batch)
+    running: int
+    free_blocks: int               # free plus evictable cache blocks: what a new request can get
+    total_blocks: int
+    cached_blocks: int
+    inflight: int = 0              # prefill: KV being written; decode: waiting for KV
+    step_time_s: float = 0.0       # moving average of one engine step's wall time
+    prefill_tokens_per_s: float = 0.0  # measured prefill speed (moving average), for TTFT estimates
+    timestamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventBatch:
+    node_name: str
+    events: tuple[KVEvent, ...]
