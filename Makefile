@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/raypd serve
 
-test: $(STAMP)
+# Lint (ruff: pyflakes, import order, bugbear) and type check (mypy on the installed root), then every test.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy -p raypd
+
+test: lint
 	$(PY) -m pytest -q tests
+
+# The one-process tests only (no Ray, no servers): a couple of minutes.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not cluster" tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_throughput.py --json bench-results/engine_throughput.json

@@ -39,6 +39,7 @@ from raypd.conductor.sim.profiles import GPU, build_topology, conductor_config
 from raypd.protocol.block_hash import ROOT_HASH, chained_block_hashes
 from raypd.protocol.kv_events import BlockStored
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.roles import Role
 
 BS = 16
 
@@ -103,8 +104,8 @@ def build_core(args, policy: str, fleet: Fleet | None, rng: random.Random):
     core = ConductorCore(cfg, topo, clock=time.time)
     names = []
     for i in range(args.nodes):
-        role = "prefill" if i < n_prefill else "decode"
-        name = f"{role[0]}{i}"
+        role = Role.PREFILL if i < n_prefill else Role.DECODE
+        name = f"{role.value[0]}{i}"
         names.append(name)
         core.register_node(name, role, HostInfo(hosts[(i * 7919) % args.nodes], "", "", 0))
     if fleet is None:
@@ -122,9 +123,9 @@ def build_core(args, policy: str, fleet: Fleet | None, rng: random.Random):
 
 def random_load(name: str, prefill: bool, rng: random.Random) -> LoadReport:
     if prefill:
-        return LoadReport(name, "prefill", rng.randrange(0, 40_000), rng.randrange(0, 8), 1, 20_000, 26_000,
+        return LoadReport(name, Role.PREFILL, rng.randrange(0, 40_000), rng.randrange(0, 8), 1, 20_000, 26_000,
                           6000, step_time_s=0.2, prefill_tokens_per_s=rng.uniform(10_000, 14_000))
-    return LoadReport(name, "decode", 0, rng.randrange(0, 4), rng.randrange(0, 64), rng.randrange(1000, 26_000),
+    return LoadReport(name, Role.DECODE, 0, rng.randrange(0, 4), rng.randrange(0, 64), rng.randrange(1000, 26_000),
                       26_000, 0, inflight=rng.randrange(0, 4), step_time_s=0.02)
 
 

@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,7 +69,8 @@ def make_engine(args) -> LLMEngine:
 
 
 def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
-    recs = {r.request_id: {"sent": 0.0, "times": [], "tokens": [], "cached": 0} for r in work}
+    recs: dict[str, dict[str, Any]] = {r.request_id: {"sent": 0.0, "times": [], "tokens": [], "cached": 0}
+                                       for r in work}
     pending = iter(work)
 
     def submit() -> None:
@@ -109,7 +111,8 @@ def fresh_engine(args) -> LLMEngine:
 
 
 # -- transformers ---------------------------------------------------------------------------------
-def load_hf(model_dir: Path):
+def load_hf(model_dir: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) from transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -125,7 +128,7 @@ def run_hf(model, tok, work: list[BenchRequest], conc: int) -> tuple[list[dict],
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class StepClock(StoppingCriteria):  # called once per generated token, right after it is appended
-        def __init__(self):
+        def __init__(self) -> None:
             self.times: list[float] = []
 
         def __call__(self, input_ids, scores, **kwargs):
@@ -156,10 +159,10 @@ PROFILE_TARGETS = {  # name -> (file suffix, function name)
     "schedule": ("engine/scheduler.py", "schedule"),
     "scheduler_update": ("engine/scheduler.py", "update"),
     "runner_run": ("engine/model_runner.py", "run"),
-    "forward": ("engine/model.py", "forward"),
-    "paged_attention": ("engine/attention.py", "paged_attention"),
-    "decode_kernel": ("engine/native_attention.py", "__call__"),
-    "linear": ("engine/linear.py", "__call__"),
+    "forward": ("engine/model/llama.py", "forward"),
+    "paged_attention": ("engine/model/attention.py", "paged_attention"),
+    "decode_kernel": ("engine/model/native_attention.py", "__call__"),
+    "linear": ("engine/model/linear.py", "__call__"),
     "sample": ("engine/sampler.py", "sample"),
 }
 
@@ -175,7 +178,7 @@ def profile_raypd(args, work: list[BenchRequest], conc: int, dump: Path) -> dict
     del eng
     dump.parent.mkdir(parents=True, exist_ok=True)
     prof.dump_stats(dump)  # raw profile: python -m pstats PATH, or snakeviz PATH
-    stats = pstats.Stats(prof).stats
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # set by Stats(), missing from typeshed
     cum = {k: sum(v[3] for (f, _, n), v in stats.items() if f.replace(os.sep, "/").endswith(sfx) and n == fn)
            for k, (sfx, fn) in PROFILE_TARGETS.items()}
     parts = {
@@ -207,6 +210,10 @@ def machine_info() -> dict:
             "torch_threads": torch.get_num_threads(), "loadavg": os.getloadavg(), "platform": platform.platform()}
 
 
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:7.1f}ms"
+
+
 def print_table(results: dict, concs: list[int]) -> None:
     head = (f"{'C':>3} {'system':<7} {'out tok/s':>9} {'req/s':>6} {'TTFT mean':>9} {'TTFT p99':>9} "
             f"{'TPOT mean':>9} {'TPOT p99':>9} {'E2E p50':>8} {'E2E p90':>8} {'E2E p99':>8}  raypd/hf")
@@ -216,10 +223,10 @@ def print_table(results: dict, concs: list[int]) -> None:
             s = results[name].get(str(c))
             if s is None:
                 continue
-            ms = lambda k: f"{1e3 * s[k]:7.1f}ms"  # noqa: E731
             ratio = f"  {s['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in s else ""
-            print(f"{c:>3} {name:<7} {s['output_tok_s']:9.1f} {s['req_s']:6.2f} {ms('ttft_mean_s'):>9} {ms('ttft_p99_s'):>9} "
-                  f"{ms('tpot_mean_s'):>9} {ms('tpot_p99_s'):>9} {s['e2e_p50_s']:7.2f}s {s['e2e_p90_s']:7.2f}s "
+            print(f"{c:>3} {name:<7} {s['output_tok_s']:9.1f} {s['req_s']:6.2f} {_ms(s['ttft_mean_s']):>9} "
+                  f"{_ms(s['ttft_p99_s']):>9} {_ms(s['tpot_mean_s']):>9} {_ms(s['tpot_p99_s']):>9} "
+                  f"{s['e2e_p50_s']:7.2f}s {s['e2e_p90_s']:7.2f}s "
                   f"{s['e2e_p99_s']:7.2f}s{ratio}")
 
 
@@ -269,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"max_tokens {args.max_tokens_range}, seed {args.seed}, raypd dtype {args.dtype}; "
           f"load average {info['loadavg'][0]:.2f} at start")
 
-    hf = None
+    hf: tuple[Any, Any] | None = None
     if "hf" in args.systems:
         hf = load_hf(model_dir)
         run_hf(*hf, [BenchRequest("warmup", hf[1].encode(WARMUP_TEXT), 8)], 1)
@@ -307,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("requests whose raypd and hf tokens are identical: "
               + ", ".join(f"C={c}: {100 * f:.0f}%" for c, f in match.items()))
 
-    report = {"command": shlex.join([sys.executable, *sys.argv]), "args": {k: (str(v) if isinstance(v, Path) else v)
+    report: dict[str, Any] = {"command": shlex.join([sys.executable, *sys.argv]), "args": {k: (str(v) if isinstance(v, Path) else v)
               for k, v in vars(args).items()}, "machine": info, "results": results, "repeats": reps,
               "workload": {"prompt_tokens": sum(len(r.prompt_token_ids) for r in work),
                            "output_tokens": sum(r.max_tokens for r in work)}}

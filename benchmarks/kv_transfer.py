@@ -36,11 +36,11 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,7 +116,7 @@ class Receiver:
             pass
         self.proc.join(10)
         if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
             self.proc.join(5)
 
 
@@ -205,6 +205,7 @@ def one_room(snd: KVSender, rcv: Receiver, room: int, src, dst, aux: int | None)
     if snd.wait(room, S.SUCCESS, 600.0) != S.SUCCESS or state != S.SUCCESS:
         raise RuntimeError(f"room {room} failed: {snd.failure_reason(room)}")
     rec = snd.release(room)
+    assert rec.t_posted is not None and rec.t_landed is not None and rec.t_done is not None  # a SUCCESS room has all
     return {"write_s": rec.t_landed - rec.t_posted, "room_s": rec.t_done - rec.t_posted}
 
 
@@ -233,7 +234,7 @@ def run_benchmark(sizes=(1, 16, 256, 4096), block_bytes: int = SMOLLM2_BLOCK_BYT
     num_blocks = max(max(sizes), HANDOFF_BLOCKS)
     log(f"pools: {num_blocks} blocks x {block_bytes} B = {num_blocks * block_bytes / 2**30:.2f} GiB per process")
     pool, aux = make_pool(num_blocks, block_bytes, 7)
-    report = {"config": {"sizes": list(sizes), "block_bytes": block_bytes, "reps": reps, "backends": list(backends),
+    report: dict[str, Any] = {"config": {"sizes": list(sizes), "block_bytes": block_bytes, "reps": reps, "backends": list(backends),
                          "handoff_reps": handoff_reps, "handoff_blocks": HANDOFF_BLOCKS, "copy_threads": copy_threads,
                          "seed": seed},
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
@@ -265,15 +266,16 @@ def run_benchmark(sizes=(1, 16, 256, 4096), block_bytes: int = SMOLLM2_BLOCK_BYT
                 if backend == "nixl" and not pthread:
                     for n in sizes:
                         for pattern in ("contiguous", "scattered"):
-                            t = cma_reference(pool, rcv, n, pattern, max(reps, 3), rng)
-                            if t is None:
+                            cma_t = cma_reference(pool, rcv, n, pattern, max(reps, 3), rng)
+                            if cma_t is None:
                                 continue
-                            cma_s[n, pattern] = t
+                            cma_s[n, pattern] = cma_t
                             report["cma"].append({"blocks": n, "pattern": pattern, "bytes": n * block_bytes,
-                                                  "cma_s": t, "gbps": n * block_bytes / t / 1e9,
-                                                  "vs_copy_contiguous": copy_s[n, "contiguous"] / t})
-                            log(f"cma    {pattern:10s} {n:5d} blocks {n * block_bytes / 2**20:9.2f} MiB  {t * 1e3:9.3f} ms"
-                                f"  {n * block_bytes / t / 1e9:6.2f} GB/s ({copy_s[n, 'contiguous'] / t:.0%} of copy)"
+                                                  "cma_s": cma_t, "gbps": n * block_bytes / cma_t / 1e9,
+                                                  "vs_copy_contiguous": copy_s[n, "contiguous"] / cma_t})
+                            log(f"cma    {pattern:10s} {n:5d} blocks {n * block_bytes / 2**20:9.2f} MiB  "
+                                f"{cma_t * 1e3:9.3f} ms  {n * block_bytes / cma_t / 1e9:6.2f} GB/s "
+                                f"({copy_s[n, 'contiguous'] / cma_t:.0%} of copy)"
                                 "  raw process_vm_writev, no NIXL")
                 if not pthread:
                     for n in sizes:

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raypd.benchmarks.workloads import english_text
-from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.cluster.client.request_driver import RequestDriver
+from raypd.cluster.client.router import RoundRobinRouter, Router
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.engine.model.source import resolve_model
-from raypd.engine.sampling_params import SamplingParams
 from raypd.engine.tokenizer import Tokenizer
+from raypd.protocol.sampling_params import SamplingParams
 
 
 @dataclass
@@ -104,7 +105,8 @@ class Workload:
         self.args = args
 
 
-async def drive(driver: RequestDriver, wl: Workload, duration_s: float) -> tuple[list[Record], float]:
+async def drive(driver: RequestDriver, router: Router, wl: Workload, duration_s: float
+                ) -> tuple[list[Record], float]:
     a = wl.args
     records: list[Record] = []
     t0 = time.monotonic()
@@ -116,7 +118,8 @@ async def drive(driver: RequestDriver, wl: Workload, duration_s: float) -> tuple
         rec = Record(kind, time.monotonic())
         records.append(rec)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        async for chunk in driver.generate(f"{kind}-{n}", ids, params):
+        route = await router.route(f"{kind}-{n}", ids)
+        async for chunk in driver.generate(f"{kind}-{n}", ids, params, route.prefill, route.decode):
             if chunk.token_ids:
                 rec.chunk_times.append(time.monotonic())
                 rec.chunk_tokens.append(len(chunk.token_ids))
@@ -145,21 +148,22 @@ async def drive(driver: RequestDriver, wl: Workload, duration_s: float) -> tuple
 
 
 def run_system(name: str, spec: ClusterSpec, wl: Workload, args) -> dict:
-    with NodeCluster.start(spec) as cluster:
-        driver = RequestDriver(cluster.nodes)
+    with NodeCluster.start(spec) as cluster, RequestDriver() as driver:
+        router = RoundRobinRouter(cluster.nodes)
         # Warm-up: one request per node pair, so model first-touch costs stay out of the window.
-        asyncio.run(drive_warmup(driver, wl, len(cluster.nodes)))
-        records, window = asyncio.run(drive(driver, wl, args.duration))
+        asyncio.run(drive_warmup(driver, router, wl, len(cluster.nodes)))
+        records, window = asyncio.run(drive(driver, router, wl, args.duration))
     result = summarize(records, window)
     result["system"] = name
     return result
 
 
-async def drive_warmup(driver: RequestDriver, wl: Workload, n: int) -> None:
+async def drive_warmup(driver: RequestDriver, router: Router, wl: Workload, n: int) -> None:
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
     async def one(i):
-        async for _ in driver.generate(f"warm-{i}", wl.long[-1 - i], params):
+        route = await router.route(f"warm-{i}", wl.long[-1 - i])
+        async for _ in driver.generate(f"warm-{i}", wl.long[-1 - i], params, route.prefill, route.decode):
             pass
     await asyncio.gather(*(one(i) for i in range(n)))
 

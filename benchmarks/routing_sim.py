@@ -14,13 +14,14 @@ Workloads:
   shared-prefix  SGLang-style groups x questions (--groups, --prompts-per-group, --prefix-len, ...)
   hot-prefix     the same with --hot-share of the requests on one group (default 0.5)
 
-    python -m benchmarks.routing_sim --trace /work/shared/traces/conversation_trace.jsonl \\
+    python -m raypd.benchmarks.routing_sim --trace PATH/TO/conversation_trace.jsonl \\
         --prefill-nodes 16 --decode-nodes 16 --sweep --json docs/results/routing_trace_p16.json
-    python -m benchmarks.routing_sim --workload shared-prefix --profile cpu --sweep --json out.json
+    python -m raypd.benchmarks.routing_sim --workload shared-prefix --profile cpu --sweep --json out.json
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -150,15 +151,17 @@ def main(argv: list[str] | None = None) -> dict:
               f"{s['load_imbalance_max_over_mean']['mean']:.2f} ({s['sim_wall_s']:.1f}s wall)", file=sys.stderr)
         return s
 
+    def sweep_point(policy: str, fixed: dict, scale: float) -> dict:
+        """The sweep starts where the fixed run was: that point is not run twice."""
+        return fixed if scale == args.time_scale else run(policy, scale)
+
     results = {}
     for policy in args.policies.split(","):
         fixed = run(policy, args.time_scale)
         entry = {"fixed": fixed}
         if args.sweep:
-            # the sweep starts where the fixed run was; do not run that point twice
-            entry["sweep"] = goodput_sweep(
-                lambda s, p=policy: fixed if s == args.time_scale else run(p, s),
-                start=args.sweep_start or args.time_scale, max_runs=args.sweep_runs)
+            entry["sweep"] = goodput_sweep(functools.partial(sweep_point, policy, fixed),
+                                           start=args.sweep_start or args.time_scale, max_runs=args.sweep_runs)
         results[policy] = entry
     out = {
         "benchmark": "routing_sim", "command": "python -m benchmarks.routing_sim " + " ".join(argv or sys.argv[1:]),

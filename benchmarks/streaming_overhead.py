@@ -51,12 +51,14 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import cast
 
 import msgpack
 import numpy as np
 import ray
 import zmq
 import zmq.asyncio
+from ray.actor import ActorHandle
 
 PATHS = ("ray", "ray-mux", "zmq", "zmq-stream")
 MUX = -1  # the key of a run's multiplexed sink among its streams
@@ -80,11 +82,11 @@ async def coalesced(q: asyncio.Queue, count: int):
 
 
 # -- the decode node stand-in ---------------------------------------------------------------------
-@ray.remote(num_cpus=1)
 class TokenSource:
-    """Runs one fake engine thread per run, once all of the run's streams have joined."""
+    """Runs one fake engine thread per run, once all of the run's streams have joined (a Ray actor
+    with one CPU: bench() starts it)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._joining: dict[int, dict[int, object]] = {}
         self._zmq = zmq.Context()
         self._push: dict[str, zmq.Socket] = {}  # one per caller address, only used by engine threads
@@ -153,7 +155,7 @@ class TokenSource:
 
 # -- the caller -----------------------------------------------------------------------------------
 class Receipts:
-    def __init__(self):
+    def __init__(self) -> None:
         self.latency: list[float] = []
         self.first_produced = float("inf")
         self.last_received = 0.0
@@ -179,7 +181,7 @@ async def run_ray(actor, run: tuple, rec: Receipts) -> None:
 async def run_demuxed(actor, run: tuple, rec: Receipts, pull: zmq.asyncio.Socket, address: str) -> None:
     """ray-mux, zmq, zmq-stream: a dispatcher routes [t, request ids, tokens] steps to per-stream queues."""
     run_id, streams, tokens, _, path = run
-    queues = {f"r{run_id}-{s}": asyncio.Queue() for s in range(streams)}
+    queues: dict[str, asyncio.Queue[tuple[int, float]]] = {f"r{run_id}-{s}": asyncio.Queue() for s in range(streams)}
 
     def route(t: float, ids: list[str], toks: list[int]) -> int:
         for rid, tok in zip(ids, toks):
@@ -260,7 +262,7 @@ def descendants(root: int) -> dict[int, tuple[float, int]]:
 class Started:
     """The processes ray.init started (everything below this one), killed by pid if they outlive shutdown."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seen: dict[int, int] = {}
 
     def snapshot(self) -> dict[int, tuple[float, int]]:
@@ -341,7 +343,8 @@ async def idle_cores(meter: CpuMeter, seconds: float) -> dict:
 
 
 async def bench(args, started: Started, log=print) -> dict:
-    actor = TokenSource.remote()
+    # Ray types .remote() as "a handle or the class itself"; it is the handle.
+    actor = cast(ActorHandle, ray.remote(TokenSource).options(num_cpus=1).remote())
     meter = CpuMeter(actor, started)
     ctx = zmq.asyncio.Context()
     pull = ctx.socket(zmq.PULL)

@@ -1,1 +1,1 @@
-"""raypd's deployment surface: the command line (and, later, the Ray Serve ingress and launcher)."""
+"""raypd's deployment surface: CLI, launcher, request client, OpenAI protocol and Serve deployments; map in docs/architecture.md."""

@@ -14,8 +14,8 @@ from dataclasses import fields
 
 from ray.serve import Application
 
-from raypd.cluster.serve.ingress import OpenAIIngress
 from raypd.cluster.serve.config import ServeConfig, ServeConfigError
+from raypd.cluster.serve.ingress import OpenAIIngress
 from raypd.cluster.serve.node_pool import NodePool
 
 

@@ -1,24 +1,4 @@
-"""raypd's Conductor: decides, per request, which prefill node and which decode node serve it.
-
-Map (one concept per module; everything but `actor.py` is a plain class testable without Ray):
-  config.py         frozen configuration of the Conductor and its parts
-  errors.py         typed errors (unknown node, no candidate, admission rejected, hash mismatch, ...)
-  registry.py       nodes: role, host, handle, heartbeats, death; the slot each node occupies
-  prefix_index.py   global prefix index fed by the nodes' KV events: block hash -> bitmask of slots
-  topology.py       networkx graph of hosts and switches; precomputed host distance and bandwidth
-  load_table.py     per-slot load arrays (reported plus routed-since-report), read by the policies
-  estimates.py      prefill-time and decode-step models fitted from the nodes' measurements
-  decision.py       RouteDecision and its recorded inputs; the ring buffer of recent decisions
-  policies/         routing policies behind a small base class and a registry by name
-  hot_prefix.py     decayed hit-frequency scores of matched prefixes
-  migration.py      the hot-prefix migration planner (when, from where, to where)
-  metrics.py        ray.util.metrics wrappers, no-ops when Ray is not initialized
-  core.py           ConductorCore: composes the parts above; what the actor and the simulator drive
-  actor.py          the Conductor Ray actor: ConductorCore plus heartbeats, re-syncs, migrations
-  sim/              discrete-event simulator driving ConductorCore with simulated nodes
-
-Imports no torch (engine.block_hash and engine.kv_events are torch-free) and no Ray at import time.
-"""
+"""raypd's Conductor, which picks the prefill and decode node of every request (torch-free); map in docs/architecture.md."""
 from __future__ import annotations
 
 import importlib

@@ -43,6 +43,7 @@ from raypd.conductor.metrics import ConductorMetrics
 from raypd.conductor.migration import MigrationPlan
 from raypd.conductor.topology import Topology
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Conductor:
         self.copies_ok = self.copies_failed = 0
 
     # -- node-facing --------------------------------------------------------------------------
-    async def register_node(self, name: str, role: str, host: HostInfo, handle: Any = None,
+    async def register_node(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
                             bootstrap_address: str = "") -> int:
         self._ensure_loop()
         return self.core.register_node(name, role, host, handle, bootstrap_address).slot

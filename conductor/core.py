@@ -30,6 +30,7 @@ from raypd.conductor.registry import NodeInfo, NodeRegistry
 from raypd.conductor.topology import Topology
 from raypd.protocol.kv_events import BlockStored
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.roles import Role
 
 _PREDICTIONS_KEPT = 4096
 
@@ -54,10 +55,10 @@ class TickResult:
 
 
 class ConductorCore:
-    def __init__(self, config: ConductorConfig = ConductorConfig(), topology: Topology | None = None,
+    def __init__(self, config: ConductorConfig | None = None, topology: Topology | None = None,
                  clock: Callable[[], float] = time.time, metrics: ConductorMetrics | None = None,
                  policy: RoutingPolicy | None = None):
-        self.config = config
+        self.config = config = config if config is not None else ConductorConfig()
         self.clock = clock
         self.registry = NodeRegistry(config.heartbeat_timeout_s, clock)
         self.index = PrefixIndex(verify_hashes=config.verify_hashes, default_block_size=config.block_size)
@@ -78,13 +79,13 @@ class ConductorCore:
         self.num_rejected = 0
 
     # -- membership ---------------------------------------------------------------------------
-    def register_node(self, name: str, role: str, host: HostInfo, handle: Any = None,
+    def register_node(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
                       bootstrap_address: str = "") -> NodeInfo:
         if name in self.registry:
             self.mark_dead(name, "re-registered (restart)")
         info = self.registry.register(name, role, host, handle, bootstrap_address)
         host_idx = self.topology.ensure_host(self.host_key(host))
-        self.table.add(info.slot, prefill=info.serves_prefill, decode=info.serves_decode, host=host_idx,
+        self.table.add(info.slot, prefill=info.role.serves_prefill, decode=info.role.serves_decode, host=host_idx,
                        block_size=self.config.block_size)
         self.index.add_node(name, info.slot)
         while len(self._names) <= info.slot:
@@ -122,7 +123,7 @@ class ConductorCore:
     def report_load(self, report: LoadReport) -> None:
         info = self.registry.report_load(report)
         self.table.update(info.slot, report)
-        if info.serves_decode and report.running > 0 and report.step_time_s > 0:
+        if info.role.serves_decode and report.running > 0 and report.step_time_s > 0:
             self.decode_model.observe(report.running, report.step_time_s)
         if report.timestamp > 0:
             self.metrics.report_lag(self.clock() - report.timestamp)
@@ -286,7 +287,7 @@ class ConductorCore:
             self._forget(info)
             res.dead.append(info.name)
         res.expired_migrations = self.planner.expire(now)
-        for plan in res.expired_migrations:
+        for _ in res.expired_migrations:
             self.metrics.migration("failed")
         res.landed_migrations = self.planner.landed(self._holds, now)
         for plan in res.landed_migrations:
@@ -303,7 +304,7 @@ class ConductorCore:
             st = self._stats.get(info.name, _NodeStats())
             r = info.load
             nodes[info.name] = {
-                "role": info.role, "alive": info.alive, "death_reason": info.death_reason,
+                "role": info.role.value, "alive": info.alive, "death_reason": info.death_reason,
                 "host": info.host.hostname or info.host.node_id, "node_id": info.host.node_id,
                 "queued_prefill_tokens": r.queued_prefill_tokens if r else 0,
                 "waiting": r.waiting if r else 0, "running": r.running if r else 0,

@@ -82,8 +82,8 @@ class RouteDecision:
             lines.append(f"  P {c.node}: cached {c.cached_tokens} fetch {c.fetch_tokens} queue "
                          f"{c.queue_s * 1e3:.1f} prefill {c.prefill_s * 1e3:.1f} send {c.send_s * 1e3:.1f}"
                          f" -> {c.ttft_s * 1e3:.1f} ms")
-        for c in self.decode_candidates:
-            lines.append(f"  D {c.node}: load {c.load:g} tbt {c.tbt_s * 1e3:.1f} send {c.send_s * 1e3:.1f}")
+        for dc in self.decode_candidates:
+            lines.append(f"  D {dc.node}: load {dc.load:g} tbt {dc.tbt_s * 1e3:.1f} send {dc.send_s * 1e3:.1f}")
         if self.fetch:
             lines.append(f"  fetch {self.fetch.num_tokens - self.fetch.from_tokens} tokens from {self.fetch.source}")
         if self.migration is not None:

@@ -23,10 +23,22 @@ class LoadTable:
         self.prefill_role = np.zeros(0, dtype=bool)
         self.decode_role = np.zeros(0, dtype=bool)
         self.alive = np.zeros(0, dtype=bool)
-        self.host = np.zeros(0, dtype=np.int64)
+        self.host = np.zeros(0, dtype=np.int64)         # topology host index
         self.block_size = np.zeros(0, dtype=np.int64)
-        for f in _FIELDS:
-            setattr(self, f, np.zeros(0))
+        # per slot, as last reported:
+        self.queued = np.zeros(0)                # queued prefill tokens
+        self.speed = np.zeros(0)                 # measured prefill tokens/s (0: not yet measured)
+        self.waiting = np.zeros(0)
+        self.running = np.zeros(0)
+        self.inflight = np.zeros(0)
+        self.free_blocks = np.zeros(0)
+        self.total_blocks = np.zeros(0)
+        self.cached_blocks = np.zeros(0)
+        self.step_time = np.zeros(0)
+        # per slot, routed since the last report:
+        self.pending_tokens = np.zeros(0)        # prefill tokens
+        self.pending_decode = np.zeros(0)        # requests
+        self.pending_decode_tokens = np.zeros(0)  # their prompt tokens (KV the decode node will hold)
         self._pending: dict[int, deque] = {}         # slot -> (time, prefill tokens)
         self._pending_dec: dict[int, deque] = {}     # slot -> (time, prompt tokens)
         self._prefill_slots = np.zeros(0, dtype=np.int64)

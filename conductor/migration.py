@@ -157,9 +157,13 @@ class MigrationPlanner:
         return plans
 
     def finish(self, plan_id: int, ok: bool, now: float, error: str = "") -> MigrationPlan | None:
-        plan = self.active.pop(plan_id, None)
+        plan = self.active.get(plan_id)
         if plan is None:
             return None   # already landed or timed out
+        return self._end(plan, ok, now, error)
+
+    def _end(self, plan: MigrationPlan, ok: bool, now: float, error: str = "") -> MigrationPlan:
+        del self.active[plan.plan_id]
         plan.status = MigrationStatus.DONE if ok else MigrationStatus.FAILED
         plan.finished_at, plan.error = now, error
         if ok:
@@ -179,13 +183,13 @@ class MigrationPlanner:
         """Finish running plans whose target now holds the prefix; `holds(node, key) -> bool`."""
         done = [p for p in self.active.values()
                 if p.status is MigrationStatus.RUNNING and holds(p.target, p.prefix_key)]
-        return [self.finish(p.plan_id, True, now) for p in done]
+        return [self._end(p, True, now) for p in done]
 
     def expire(self, now: float) -> list[MigrationPlan]:
         late = [p for p in self.active.values() if now - p.created_at > self.config.timeout_s]
-        return [self.finish(p.plan_id, False, now, "timed out") for p in late]
+        return [self._end(p, False, now, "timed out") for p in late]
 
     def drop_node(self, name: str, now: float) -> list[MigrationPlan]:
         """Fail the plans a dead node takes part in."""
         hit = [p for p in self.active.values() if name in (p.source, p.target)]
-        return [self.finish(p.plan_id, False, now, f"node {name} died") for p in hit]
+        return [self._end(p, False, now, f"node {name} died") for p in hit]

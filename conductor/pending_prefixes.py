@@ -24,7 +24,6 @@ import numpy as np
 
 from raypd.conductor.prefix_index import bits
 
-
 STRIDE = 8
 
 

@@ -9,20 +9,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NewType
+from typing import Any, NewType
 
 from raypd.conductor.errors import InvalidRoleError, UnknownNodeError
 from raypd.protocol.messages import HostInfo, LoadReport
+from raypd.protocol.roles import Role
 
 NodeName = NewType("NodeName", str)
-Role = Literal["prefill", "decode", "mixed"]
-ROLES: tuple[str, ...] = ("prefill", "decode", "mixed")
 
 
 @dataclass(slots=True)
 class NodeInfo:
     name: str
-    role: str
+    role: Role
     host: HostInfo
     slot: int
     handle: Any = None
@@ -32,14 +31,6 @@ class NodeInfo:
     load: LoadReport | None = None
     alive: bool = True
     death_reason: str = ""
-
-    @property
-    def serves_prefill(self) -> bool:
-        return self.role != "decode"
-
-    @property
-    def serves_decode(self) -> bool:
-        return self.role != "prefill"
 
 
 class NodeRegistry:
@@ -52,12 +43,15 @@ class NodeRegistry:
         self._next_slot = 0
 
     # -- membership ---------------------------------------------------------------------------
-    def register(self, name: str, role: str, host: HostInfo, handle: Any = None,
+    def register(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
                  bootstrap_address: str = "") -> NodeInfo:
         """Add a node. A live node of the same name is a restarted incarnation: it is released first
-        (ConductorCore.register_node drops its index entries before calling this)."""
-        if role not in ROLES:
-            raise InvalidRoleError(f"role must be one of {ROLES}, got {role!r}")
+        (ConductorCore.register_node drops its index entries before calling this). `role` may be
+        the plain name a node sends ("prefill")."""
+        try:
+            role = Role.parse(role)
+        except ValueError as e:
+            raise InvalidRoleError(str(e)) from None
         old = self._nodes.get(name)
         if old is not None and old.alive:
             self._release(old, "re-registered")
@@ -111,7 +105,7 @@ class NodeRegistry:
     def by_slot(self, slot: int) -> NodeInfo:
         return self._by_slot[slot]
 
-    def alive(self, role: str | None = None) -> list[NodeInfo]:
+    def alive(self, role: Role | None = None) -> list[NodeInfo]:
         nodes = self._by_slot.values()
         return [x for x in nodes if role is None or x.role == role]
 

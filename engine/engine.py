@@ -2,36 +2,47 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from raypd.engine.model import native_attention
 from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.config import EngineConfig
 from raypd.engine.errors import ConfigError, InvalidRequestError
-from raypd.engine.cache.kv_cache import PagedKVCache
-from raypd.protocol.kv_events import KVEventCallback
+from raypd.engine.model import native_attention
+from raypd.engine.model.config import ModelConfig
 from raypd.engine.model.linear import packing_unavailable
 from raypd.engine.model.llama import LlamaModel
-from raypd.engine.model.config import ModelConfig
-from raypd.engine.model_runner import ModelRunner
-from raypd.engine.model.source import resolve_model
 from raypd.engine.model.native_attention import KernelUnavailable, NativeDecodeAttention
+from raypd.engine.model.source import resolve_model
+from raypd.engine.model.weights import build_weights, read_safetensors
+from raypd.engine.model_runner import ModelRunner
 from raypd.engine.outputs import BlockAccounting, StepOutput
-from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.request import Request, RequestStatus
 from raypd.engine.sampler import Sampler
-from raypd.engine.sampling_params import SamplingParams
 from raypd.engine.scheduler import Scheduler, SchedulerConfig
 from raypd.engine.tokenizer import Tokenizer
-from raypd.engine.model.weights import build_weights, read_safetensors
+from raypd.protocol.kv_events import KVEventCallback
+from raypd.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What a node's load report needs from its engine, as counts (LLMEngine.load())."""
+    waiting: int
+    running: int
+    queued_prefill_tokens: int  # prompt tokens of waiting and running requests not yet computed
+    free_blocks: int            # free plus evictable cached blocks: what a new request can get
+    cached_blocks: int
+    total_blocks: int
 
 
 class LLMEngine:
@@ -43,7 +54,7 @@ class LLMEngine:
                                    else ("cpu" if cfg.device == "auto" else cfg.device))
         dtype = _DTYPES[cfg.dtype]
         self.model_dir = resolve_model(model)
-        self.model_config = mc = ModelConfig.from_hf(json.loads((self.model_dir / "config.json").read_text()))
+        self.model_config = mc = ModelConfig.from_folder(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
         weights = build_weights(mc, read_safetensors(self.model_dir), dtype, self.device)
         self.model = LlamaModel(mc, weights, self.device, dtype, packed_linears=self._use_packed_linears(cfg, dtype))
@@ -63,8 +74,8 @@ class LLMEngine:
         self.decode_kernel = self._decode_kernel(cfg, mc)
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device, self.decode_kernel)
         self.requests: dict[str, Request] = {}
-        self.reservations: dict[object, list[int]] = {}
-        self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)  # PD decode: blocks waiting for a transfer
+        self.reservations: dict[object, list[int]] = {}  # PD decode: blocks waiting for a transfer
+        self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)
         self._ids = itertools.count()
 
     def _use_packed_linears(self, cfg: EngineConfig, dtype: torch.dtype) -> bool:
@@ -261,6 +272,14 @@ class LLMEngine:
         return None
 
     # -- introspection --------------------------------------------------------------------------
+    def load(self) -> EngineLoad:
+        sched = self.scheduler
+        queued = sum(r.num_prompt_tokens - min(r.num_computed_tokens, r.num_prompt_tokens)
+                     for r in (*sched.waiting, *sched.running))
+        return EngineLoad(len(sched.waiting), len(sched.running), queued,
+                          self.allocator.num_free + self.prefix_cache.num_evictable_blocks,
+                          self.prefix_cache.num_cached_blocks, self.num_blocks)
+
     def block_accounting(self) -> BlockAccounting:
         cached = self.prefix_cache.cached_blocks()
         held = {b for r in self.requests.values() for b in r.block_table} - cached

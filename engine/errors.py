@@ -1,17 +1,14 @@
 """Typed errors the engine raises; callers map them to their own surface (CLI message, HTTP 400)."""
 from __future__ import annotations
 
+# A bad request is the one error type shared with the layers above (protocol/errors.py).
+from raypd.protocol.errors import InvalidRequestError
+
+__all__ = ["ConfigError", "EngineError", "InvalidRequestError", "ModelLoadError", "UnsupportedModelError"]
+
 
 class EngineError(Exception):
     """Base class of every error the engine raises on purpose."""
-
-
-class InvalidRequestError(EngineError, ValueError):
-    """A request the engine can never serve as given. `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
 
 
 class ModelLoadError(EngineError):

@@ -2,13 +2,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from raypd.engine.engine import LLMEngine
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.outputs import CompletionOutput
-from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # typing.TypeIs arrives in Python 3.13; only the type checker needs it
+    from typing_extensions import TypeIs
 
 Prompt = str | Sequence[int] | dict
+
+
+def _is_token_ids(prompts: Prompt | Sequence[Prompt]) -> TypeIs[Sequence[int]]:
+    """Whether `prompts` is one prompt given as token ids rather than a list of prompts."""
+    return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and isinstance(prompts[0], int)
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
@@ -38,13 +47,16 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params = params or SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
+        if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
+            batch: list[Prompt] = [prompts]
+        else:
+            batch = list(prompts)
+        if params is None:
+            params = SamplingParams()
+        plist = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(batch):
             raise InvalidRequestError("need one SamplingParams per prompt", "params")
-        encoded = [self.encode(p) for p in prompts]
+        encoded = [self.encode(p) for p in batch]
         rids = []
         try:
             for ids, p in zip(encoded, plist):
@@ -55,6 +67,7 @@ class LLM:
                 for out in self.engine.step():
                     tokens[out.request_id].extend(out.new_token_ids)
                     if out.finished:
+                        assert out.finish_reason is not None, "a finished request has a finish reason"
                         final[out.request_id] = (out.finish_reason, out.num_cached_tokens)
         except BaseException:
             for r in rids:

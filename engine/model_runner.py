@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raypd.engine.model.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.model.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from raypd.engine.model.llama import LlamaModel
 from raypd.engine.model.native_attention import NativeDecodeAttention
 from raypd.engine.sampler import Sampler

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from raypd.engine.cache.radix_cache import RadixNode
@@ -59,8 +59,8 @@ class Request:
     prefix_node: RadixNode | None = None  # the locked radix node covering the cached head of block_table
     num_cached_tokens: int | None = None  # prompt tokens served from cache at first admission
     num_retractions: int = 0
-    prefill_only: bool = False
-    first_scheduled_at: float | None = None  # time.time() of first admission (PD timing breakdown)  # stop after the first token and hold the KV (PD prefill node)
+    prefill_only: bool = False  # stop after the first token and hold the KV (PD prefill node)
+    first_scheduled_at: float | None = None  # time.time() of first admission (PD timing breakdown)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

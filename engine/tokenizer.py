@@ -23,10 +23,13 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
             raise InvalidRequestError("messages must be a list of {role, content} objects", "messages")
-        ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        # Render, then tokenize without adding special tokens (the template holds them): what
+        # tokenize=True does, minus its return type that changed between transformers 4 and 5.
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert isinstance(text, str), "one conversation renders to one string"
+        return self.hf.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.hf.decode(token_ids, skip_special_tokens=True)
+        text = self.hf.decode(token_ids, skip_special_tokens=True)
+        assert isinstance(text, str), "one sequence of ids decodes to one string"
+        return text

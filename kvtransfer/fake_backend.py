@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
-from raypd.kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
 
 _FABRIC: weakref.WeakValueDictionary[str, FakeBackend] = weakref.WeakValueDictionary()
@@ -24,41 +25,44 @@ _ids = itertools.count(1)
 
 class FakeBackend(TransferBackend):
     name = "fake"
+    pool: torch.Tensor  # set by register(), like layout
+    aux: torch.Tensor
 
-    def __init__(self, config, endpoint_name):
+    def __init__(self, config: TransferConfig, endpoint_name: str):
         super().__init__(config, endpoint_name)
         self.fail_writes = False
         self.hold_writes = False
         self.drop_notifications = False
         self._peers: dict[str, PeerInfo] = {}
-        self._xfers: dict[XferId, tuple[TransferState, str, object]] = {}
+        self._xfers: dict[XferId, tuple[TransferState, str, KVTransferError | None]] = {}
         self._held: list[tuple[XferId, Callable[[], None]]] = []
         self._inbox: list[Notification] = []
         _FABRIC[endpoint_name] = self
 
-    def register(self, pool, aux):
+    def register(self, pool: torch.Tensor, aux: torch.Tensor) -> PoolLayout:
         self.pool, self.aux = pool, aux
         self.layout = PoolLayout.from_tensors(pool, aux)
         return self.layout
 
-    def metadata(self):
+    def metadata(self) -> bytes:
         return msgpack.packb({"name": self.endpoint_name, "layout": self.layout.to_wire()})
 
-    def add_peer(self, metadata):
+    def add_peer(self, metadata: bytes) -> PeerInfo:
         d = msgpack.unpackb(metadata)
         info = PeerInfo(d["name"], PoolLayout.from_wire(d["layout"]))
         self.layout.check_peer(info.layout)
         self._peers[info.name] = info
         return info
 
-    def remove_peer(self, name):
+    def remove_peer(self, name: str) -> None:
         self._peers.pop(name, None)
-        for x, (state, peer, err) in list(self._xfers.items()):
+        for x, (state, peer, _) in list(self._xfers.items()):
             if peer == name and state == TransferState.TRANSFERRING:
                 self._xfers[x] = (TransferState.FAILED, peer, PeerDisconnectedError(f"peer {name} removed"))
         self._held = [(x, f) for x, f in self._held if self._xfers[x][0] == TransferState.TRANSFERRING]
 
-    def write(self, peer, src_blocks, dst_blocks, src_aux, dst_aux, notification):
+    def write(self, peer: str, src_blocks: np.ndarray, dst_blocks: np.ndarray,
+              src_aux: int | None, dst_aux: int | None, notification: bytes) -> XferId:
         if peer not in self._peers:
             raise PeerError(f"unknown peer {peer!r}")
         if self.fail_writes:
@@ -91,21 +95,21 @@ class FakeBackend(TransferBackend):
             land()
         return len(held)
 
-    def poll(self, xfer):
+    def poll(self, xfer: XferId) -> TransferState:
         return self._xfers[xfer][0] if xfer in self._xfers else TransferState.FAILED
 
-    def failure(self, xfer):
+    def failure(self, xfer: XferId) -> KVTransferError | None:
         return self._xfers[xfer][2] if xfer in self._xfers else TransferError(f"unknown transfer {xfer}")
 
-    def release(self, xfer):
+    def release(self, xfer: XferId) -> None:
         self._xfers.pop(xfer, None)
         self._held = [(x, f) for x, f in self._held if x != xfer]
 
-    def notifications(self):
+    def notifications(self) -> list[Notification]:
         out, self._inbox = self._inbox, []
         return out
 
-    def close(self):
+    def close(self) -> None:
         self._peers.clear()
         self._xfers.clear()
         self._held.clear()

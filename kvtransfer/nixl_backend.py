@@ -41,10 +41,17 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import torch
 
 from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
-from raypd.kvtransfer.errors import (BackendUnavailableError, KVTransferError, PeerDisconnectedError, PeerError,
-                               TransferError)
+from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.errors import (
+    BackendUnavailableError,
+    KVTransferError,
+    PeerDisconnectedError,
+    PeerError,
+    TransferError,
+)
 from raypd.kvtransfer.layout import PoolLayout
 
 log = logging.getLogger(__name__)
@@ -53,7 +60,7 @@ _FINISH_SPIN_S = 0.0002  # how long write() keeps progressing a write that trans
 _NOTIFIER_SUFFIX = ".notify"
 
 
-def _load_nixl():
+def _load_nixl() -> tuple[Any, Any, Any]:  # nixl ships no type information
     try:
         from nixl import _bindings
         from nixl._api import nixl_agent, nixl_agent_config
@@ -89,20 +96,20 @@ def _strided_table(layout: PoolLayout) -> np.ndarray:
 class NixlBackend(TransferBackend):
     name = "nixl"
 
-    def __init__(self, config, endpoint_name):
+    def __init__(self, config: TransferConfig, endpoint_name: str):
         super().__init__(config, endpoint_name)
         nixl_agent, nixl_agent_config, bindings = _load_nixl()
         self._disconnect_error = bindings.nixlRemoteDisconnectError
         self._nixl_classes = (nixl_agent, nixl_agent_config)
         self.agent = self._new_agent(endpoint_name)
         self._notifier: Any = None  # the agent that sends notifications; see the module docstring
-        self._regs: list = []
+        self._regs: list[Any] = []
         self._local: Any = None
         self._peers: dict[str, tuple[PeerInfo, Any]] = {}
         self._xfers: dict[XferId, _Xfer] = {}
         self._ids = itertools.count(1)
 
-    def _new_agent(self, name: str):
+    def _new_agent(self, name: str) -> Any:
         nixl_agent, nixl_agent_config = self._nixl_classes
         agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=self.config.nixl_progress_thread, backends=[],
                                                    capture_telemetry=False))
@@ -115,16 +122,16 @@ class NixlBackend(TransferBackend):
             raise BackendUnavailableError(f"NIXL could not create its UCX backend: {e}") from e
         return agent
 
-    def register(self, pool, aux):
+    def register(self, pool: torch.Tensor, aux: torch.Tensor) -> PoolLayout:
         self.layout = PoolLayout.from_tensors(pool, aux)
         self._regs = [self.agent.register_memory(pool), self.agent.register_memory(aux)]
         self._local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", _strided_table(self.layout), self.layout.mem_type)
         return self.layout
 
-    def metadata(self):
+    def metadata(self) -> bytes:
         return msgpack.packb({"layout": self.layout.to_wire(), "agent": self.agent.get_agent_metadata()})
 
-    def add_peer(self, metadata):
+    def add_peer(self, metadata: bytes) -> PeerInfo:
         d = msgpack.unpackb(metadata)
         if not isinstance(d, dict) or not isinstance(d.get("agent"), bytes):
             raise PeerError("nixl peer metadata lacks the agent blob")
@@ -150,7 +157,7 @@ class NixlBackend(TransferBackend):
         # The first write connects instead; the benchmark keeps that one out of its timings.
         return info
 
-    def remove_peer(self, name):
+    def remove_peer(self, name: str) -> None:
         for x in self._xfers.values():
             if x.peer == name and x.state == TransferState.TRANSFERRING:
                 self._finish(x, PeerDisconnectedError(f"peer {name} removed"))
@@ -167,7 +174,8 @@ class NixlBackend(TransferBackend):
             except Exception as e:
                 log.warning("nixl: could not %s for peer %s: %s", step, name, e)
 
-    def write(self, peer, src_blocks, dst_blocks, src_aux, dst_aux, notification):
+    def write(self, peer: str, src_blocks: np.ndarray, dst_blocks: np.ndarray,
+              src_aux: int | None, dst_aux: int | None, notification: bytes) -> XferId:
         entry = self._peers.get(peer)
         if entry is None:
             raise PeerError(f"unknown peer {peer!r}")
@@ -198,7 +206,7 @@ class NixlBackend(TransferBackend):
         self._apply(x, status)
         return xfer
 
-    def poll(self, xfer):
+    def poll(self, xfer: XferId) -> TransferState:
         x = self._xfers.get(xfer)
         if x is None:
             return TransferState.FAILED
@@ -209,16 +217,16 @@ class NixlBackend(TransferBackend):
                 self._finish(x, self._classify(e))
         return x.state
 
-    def failure(self, xfer):
+    def failure(self, xfer: XferId) -> KVTransferError | None:
         x = self._xfers.get(xfer)
         return x.error if x is not None else TransferError(f"unknown transfer {xfer}")
 
-    def release(self, xfer):
+    def release(self, xfer: XferId) -> None:
         x = self._xfers.pop(xfer, None)
         if x is not None and x.handle is not None:
             self._release_handle(x)
 
-    def notifications(self):
+    def notifications(self) -> list[Notification]:
         try:
             if self._notifier is not None:
                 self._notifier.get_new_notifs()  # only to progress its sends: nothing is sent to it
@@ -228,7 +236,7 @@ class NixlBackend(TransferBackend):
             return []
         return [Notification(_writer_of(peer), bytes(m)) for peer, msgs in notifs.items() for m in msgs]
 
-    def close(self):
+    def close(self) -> None:
         if getattr(self, "agent", None) is None:
             return
         # Teardown order: transfer handles, prepped tables, peers, registrations, then the agent.

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 
+import torch
 import zmq
 
-from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.base import TransferState
+from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.bootstrap.client import BootstrapLink
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
@@ -30,8 +31,9 @@ S = TransferState
 class KVReceiver(Endpoint):
     role = "decode"
 
-    def __init__(self, pool, aux, config: TransferConfig = TransferConfig(), name: str | None = None):
-        super().__init__(pool, aux, config, name)
+    def __init__(self, pool: torch.Tensor, aux: torch.Tensor, config: TransferConfig | None = None,
+                 name: str | None = None):
+        super().__init__(pool, aux, config or TransferConfig(), name)
         self._links: dict[str, BootstrapLink] = {}
         self._loop.start()
 

@@ -16,10 +16,11 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 import zmq
 
-from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.base import PeerInfo, TransferState
+from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.bootstrap.server import BootstrapServer
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
@@ -49,10 +50,12 @@ class _Orphan:
 class KVSender(Endpoint):
     role = "prefill"
 
-    def __init__(self, pool, aux, config: TransferConfig = TransferConfig(), name: str | None = None):
-        super().__init__(pool, aux, config, name)
+    def __init__(self, pool: torch.Tensor, aux: torch.Tensor, config: TransferConfig | None = None,
+                 name: str | None = None):
+        super().__init__(pool, aux, config or TransferConfig(), name)
+        cfg = self.config
         try:
-            self._server = BootstrapServer(self._ctx, config.host, config.bootstrap_port, config.max_message_bytes)
+            self._server = BootstrapServer(self._ctx, cfg.host, cfg.bootstrap_port, cfg.max_message_bytes)
         except Exception:  # e.g. the configured port is taken
             self.backend.close()
             self._ctx.term()

@@ -29,8 +29,9 @@ import torch
 import zmq
 
 from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.descriptors import coalesce_runs
-from raypd.kvtransfer.errors import PeerDisconnectedError, PeerError, TransferError
+from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ _VERSION = 1
 class _Out:
     peer: str
     state: TransferState = TransferState.TRANSFERRING
-    error: Exception | None = None
+    error: KVTransferError | None = None
 
 
 @dataclass(slots=True)
@@ -55,7 +56,7 @@ class _In:
 class _Peer:
     info: PeerInfo
     sock: zmq.Socket
-    xfers: set = field(default_factory=set)
+    xfers: set[XferId] = field(default_factory=set)
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 class TcpBackend(TransferBackend):
     name = "tcp"
 
-    def __init__(self, config, endpoint_name):
+    def __init__(self, config: TransferConfig, endpoint_name: str):
         super().__init__(config, endpoint_name)
         self._ctx = zmq.Context()
         self._closed = False
@@ -82,7 +83,7 @@ class TcpBackend(TransferBackend):
         self._inbox: list[Notification] = []
         self._ids = itertools.count(1)
 
-    def register(self, pool, aux):
+    def register(self, pool: torch.Tensor, aux: torch.Tensor) -> PoolLayout:
         self.layout = PoolLayout.from_tensors(pool, aux)
         self._pool, self._aux = _flat_bytes(pool), _flat_bytes(aux)
         # A numpy view lets CPU pools be sent and filled without an extra copy.
@@ -92,10 +93,10 @@ class TcpBackend(TransferBackend):
         self._router.setsockopt(zmq.MAXMSGSIZE, self.config.tcp_chunk_bytes + self.layout.aux_slot_nbytes + (1 << 20))
         return self.layout
 
-    def metadata(self):
+    def metadata(self) -> bytes:
         return msgpack.packb({"layout": self.layout.to_wire(), "address": self.address, "name": self.endpoint_name})
 
-    def add_peer(self, metadata):
+    def add_peer(self, metadata: bytes) -> PeerInfo:
         d = msgpack.unpackb(metadata)
         if not isinstance(d, dict) or not isinstance(d.get("address"), str) or not isinstance(d.get("name"), str):
             raise PeerError("tcp peer metadata lacks address or name")
@@ -110,7 +111,7 @@ class TcpBackend(TransferBackend):
         self._peers[info.name] = _Peer(info, sock)
         return info
 
-    def remove_peer(self, name):
+    def remove_peer(self, name: str) -> None:
         p = self._peers.pop(name, None)
         if p is None:
             return
@@ -120,7 +121,8 @@ class TcpBackend(TransferBackend):
                 out.state, out.error = TransferState.FAILED, PeerDisconnectedError(f"peer {name} removed")
         p.sock.close(linger=0)
 
-    def write(self, peer, src_blocks, dst_blocks, src_aux, dst_aux, notification):
+    def write(self, peer: str, src_blocks: np.ndarray, dst_blocks: np.ndarray,
+              src_aux: int | None, dst_aux: int | None, notification: bytes) -> XferId:
         p = self._peers.get(peer)
         if p is None:
             raise PeerError(f"unknown peer {peer!r}")
@@ -136,11 +138,13 @@ class TcpBackend(TransferBackend):
                     p.sock.send_multipart([head, self._bytes(self._pool, self._pool_np, s * bn + off, n)],
                                           flags=zmq.NOBLOCK, copy=False)
                     pieces += 1
-            with_aux = src_aux is not None and dst_aux is not None
             an = self.layout.aux_slot_nbytes
+            aux: memoryview | bytes
+            aux_off, aux = -1, b""  # no aux slot
+            if src_aux is not None and dst_aux is not None:
+                aux_off, aux = dst_aux * an, self._bytes(self._aux, self._aux_np, src_aux * an, an)
             head = msgpack.packb({"v": _VERSION, "x": xfer, "end": True, "pieces": pieces,
-                                  "aux_off": dst_aux * an if with_aux else -1, "notif": bytes(notification)})
-            aux = self._bytes(self._aux, self._aux_np, src_aux * an, an) if with_aux else b""
+                                  "aux_off": aux_off, "notif": bytes(notification)})
             p.sock.send_multipart([head, aux], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:
             raise TransferError(f"tcp: send to {peer} failed: {e}") from e
@@ -148,27 +152,27 @@ class TcpBackend(TransferBackend):
         p.xfers.add(xfer)
         return xfer
 
-    def poll(self, xfer):
+    def poll(self, xfer: XferId) -> TransferState:
         self._pump()
         out = self._out.get(xfer)
         return out.state if out is not None else TransferState.FAILED
 
-    def failure(self, xfer):
+    def failure(self, xfer: XferId) -> KVTransferError | None:
         out = self._out.get(xfer)
         return out.error if out is not None else TransferError(f"unknown transfer {xfer}")
 
-    def release(self, xfer):
+    def release(self, xfer: XferId) -> None:
         # Pieces already queued in ZMQ cannot be recalled; the receiver's room logic ignores them.
         out = self._out.pop(xfer, None)
         if out is not None and out.peer in self._peers:
             self._peers[out.peer].xfers.discard(xfer)
 
-    def notifications(self):
+    def notifications(self) -> list[Notification]:
         self._pump()
         out, self._inbox = self._inbox, []
         return out
 
-    def close(self):
+    def close(self) -> None:
         if self._closed:
             return
         self._closed = True
@@ -179,12 +183,12 @@ class TcpBackend(TransferBackend):
 
     # -- the wire --------------------------------------------------------------------------------
     @staticmethod
-    def _bytes(flat: torch.Tensor, flat_np: np.ndarray | None, off: int, n: int):
+    def _bytes(flat: torch.Tensor, flat_np: np.ndarray | None, off: int, n: int) -> memoryview | bytes:
         if flat_np is not None:
             return flat_np[off:off + n].data
         return flat[off:off + n].cpu().numpy().tobytes()  # VRAM: stage through host memory
 
-    def _store(self, flat: torch.Tensor, flat_np: np.ndarray | None, off: int, buf) -> None:
+    def _store(self, flat: torch.Tensor, flat_np: np.ndarray | None, off: int, buf: memoryview) -> None:
         src = np.frombuffer(buf, dtype=np.uint8)
         if flat_np is not None:
             flat_np[off:off + src.size] = src
@@ -209,7 +213,7 @@ class TcpBackend(TransferBackend):
                     break
                 self._on_ack(p, msg)
 
-    def _on_data(self, frames) -> None:
+    def _on_data(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 3:
             log.error("tcp: dropped a data message of %d frames", len(frames))
             return

@@ -11,13 +11,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, Protocol
+
+from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
 
+class LinkedNode(Protocol):
+    """What the link reads of a node actor: its identity and three of its Ray-callable methods."""
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def host(self) -> HostInfo: ...
+
+    async def ready(self) -> dict: ...
+
+    async def drain_kv_events(self) -> KVEventBatch: ...
+
+    async def load_report(self) -> LoadReport: ...
+
+
 class ConductorLink:
-    def __init__(self, node, conductor, self_handle, interval_s: float = 0.1, load_every_s: float = 0.5,
-                 call_timeout_s: float = 10.0):
+    def __init__(self, node: LinkedNode, conductor: Any, self_handle: Any, interval_s: float = 0.1,
+                 load_every_s: float = 0.5, call_timeout_s: float = 10.0):
         self.node = node
         self.conductor = conductor
         self.self_handle = self_handle

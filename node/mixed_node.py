@@ -3,7 +3,8 @@
     generate() --add--> engine waiting --admitted--> running --stop / length--> final chunk
         any state --client abort / node crash--> final chunk ("abort" or error)
 
-Tokens go to req.reply_address over pyzmq (node/streams.py); generate() returns the StreamEnd.
+It has no stages of its own: the engine's queues are the whole lifecycle. Tokens go to
+req.reply_address over pyzmq (node/streams.py); generate() returns the StreamEnd.
 """
 from __future__ import annotations
 
@@ -11,52 +12,84 @@ import time
 
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.outputs import StepOutput
-from raypd.protocol.messages import NodeRequest, StreamEnd, TokenChunk
-from raypd.node.node_base import NodeBase
+from raypd.node.node_core import NodeCore
+from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from raypd.protocol.roles import Role
 
 
-class MixedNode(NodeBase):
-    role = "mixed"
+class MixedNode:
+    role = Role.MIXED
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0):
-        super().__init__(name, model, engine_options, num_cpus)
-        self._timings: dict[str, dict] = {}
-        self.loop.start()
+        self.name = name
+        self.core = NodeCore(name, self.role, model, engine_options, num_cpus, on_outputs=self._on_outputs)
+        self.host = self.core.host
+        self._arrived: dict[str, float] = {}        # request id -> time.time() it was added
+        self._first_token: dict[str, float] = {}
+        self.core.start()
 
+    # -- Ray-callable -------------------------------------------------------------------------------
     async def generate(self, req: NodeRequest) -> StreamEnd:
         """Stream the request's tokens to req.reply_address; return once it ended (the final chunk
         and how many tokens the stream carried)."""
-        return await self._stream_request(req, self._add, self._abort)
+        return await self.core.stream(req, self._add, self._abort)
 
     async def abort(self, request_id: str) -> None:
-        await self.loop.acall(self._abort, request_id)
+        await self.core.call(self._abort, request_id)
+
+    # -- Ray-callable, every role ---------------------------------------------------------------------
+    async def ready(self) -> dict:
+        return self.core.info()
+
+    async def load_report(self) -> LoadReport:
+        return await self.core.call(self.core.load_report)
+
+    async def stats(self) -> dict:
+        return await self.core.call(self.core.stats)
+
+    async def drain_kv_events(self) -> KVEventBatch:
+        return await self.core.call(self.core.drain_kv_events)
+
+    async def kv_snapshot(self) -> tuple[int, list]:
+        return await self.core.call(self.core.kv_snapshot)
+
+    async def check_idle(self) -> dict:
+        return await self.core.call(self.core.check_idle)
+
+    async def attach_conductor(self, conductor) -> None:
+        await self.core.attach_conductor(conductor, self)
+
+    async def shutdown(self) -> None:
+        self.core.shutdown()
 
     # -- engine thread ------------------------------------------------------------------------------
     def _add(self, req: NodeRequest) -> None:
         try:
-            self.engine.add_request(req.prompt_token_ids, req.params, request_id=req.request_id)
+            self.core.engine.add_request(req.prompt_token_ids, req.params, request_id=req.request_id)
         except InvalidRequestError as e:
-            self.streams.push(TokenChunk(req.request_id, (), finished=True, error=str(e)))
+            self.core.streams.push(TokenChunk(req.request_id, (), finished=True, error=str(e)))
             return
-        self._timings[req.request_id] = {"arrived": time.time()}
+        self._arrived[req.request_id] = time.time()
 
     def _abort(self, request_id: str) -> None:
-        if request_id in self.engine.requests:
-            self.engine.abort(request_id)
-            self._timings.pop(request_id, None)
-            self.streams.push(TokenChunk(request_id, (), finished=True, finish_reason="abort"))
+        if request_id in self.core.engine.requests:
+            self.core.engine.abort(request_id)
+            self._arrived.pop(request_id, None)
+            self._first_token.pop(request_id, None)
+            self.core.streams.push(TokenChunk(request_id, (), finished=True, finish_reason="abort"))
 
     def _on_outputs(self, outputs: list[StepOutput]) -> None:
         now = time.time()
         for out in outputs:
-            t = self._timings.get(out.request_id)
-            if t is None:
+            rid = out.request_id
+            if rid not in self._arrived:
                 continue
-            t.setdefault("first_token", now)
+            first = self._first_token.setdefault(rid, now)
             timings = {}
             if out.finished:
-                del self._timings[out.request_id]
-                timings = {"ttft_s": t["first_token"] - t["arrived"], "total_s": now - t["arrived"]}
-            self.streams.push(TokenChunk(out.request_id, tuple(out.new_token_ids), out.finished, out.finish_reason,
-                                         num_cached_tokens=out.num_cached_tokens, timings=timings))
+                arrived = self._arrived.pop(rid)
+                del self._first_token[rid]
+                timings = {"ttft_s": first - arrived, "total_s": now - arrived}
+            self.core.streams.push(TokenChunk(rid, tuple(out.new_token_ids), out.finished, out.finish_reason,
+                                              num_cached_tokens=out.num_cached_tokens, timings=timings))

@@ -1,6 +1,6 @@
-"""Node metrics through ray.util.metrics, fed from the node's own LoadReport (and, for the counters,
-its stats() totals), so every node shows up in the Ray dashboard and on Ray's Prometheus endpoint
-even when no Conductor runs. A no-op outside Ray; ray is imported only when it is initialized.
+"""Node metrics through the metrics API (metrics/ray_api.py), fed from the node's own LoadReport (and,
+for the counters, its stats() totals), so every node shows up in the Ray dashboard and on Ray's
+Prometheus endpoint even when no Conductor runs. Records nothing outside Ray.
 
 Exported (Ray adds the prefix `ray_`; counters also get `_total`), all tagged {node, role}:
   gauges   raypd_node_queued_prefill_tokens  raypd_node_running  raypd_node_waiting  raypd_node_inflight
@@ -15,9 +15,9 @@ increment, so it may be called at any rate, from any one place.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from raypd.metrics.ray_api import NOOP, Counter, MetricsAPI, metrics_api
 from raypd.protocol.messages import LoadReport
 
 _GAUGES = {  # LoadReport field -> (metric, description)
@@ -42,29 +42,17 @@ _TOTALS = {
 TAGS = ("node", "role")
 
 
-def ray_metrics_api() -> Any | None:
-    """ray.util.metrics when this process is part of a Ray cluster, else None (no-op metrics)."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    from ray.util import metrics
-
-    return metrics
-
-
 class NodeMetrics:
-    def __init__(self, api: Any | None = None):
+    def __init__(self, api: MetricsAPI | None = None):
         """`api`: a module with Counter, Gauge and Histogram (tests pass a fake); default: Ray's
         when Ray is initialized, else nothing is recorded."""
-        api = api if api is not None else ray_metrics_api()
-        self.enabled = api is not None
+        api = metrics_api(api)
+        self.enabled = api is not NOOP
         self._last: dict[tuple, float] = {}  # (node, stats path) -> total at the last observe()
-        if api is None:
-            return
         p = "raypd_node_"
         self._gauges = {field: api.Gauge(p + name, desc, TAGS) for field, (name, desc) in _GAUGES.items()}
         self._rooms = api.Gauge(p + "transfer_rooms", "kvtransfer rooms not yet terminal", TAGS)
-        self._counters: dict[str, Any] = {}
+        self._counters: dict[str, Counter] = {}
         for name, desc, extra in _TOTALS.values():
             if name not in self._counters:
                 self._counters[name] = api.Counter(p + name, desc, TAGS + tuple(extra))
@@ -74,7 +62,7 @@ class NodeMetrics:
         transfer rooms gauge. Cheap: a dozen in-process metric updates, no I/O."""
         if not self.enabled:
             return
-        tags = {"node": report.node_name, "role": report.role}
+        tags = {"node": report.node_name, "role": str(report.role)}  # a Role member tags as its plain name
         for field, gauge in self._gauges.items():
             gauge.set(float(getattr(report, field)), tags)
         if stats is None:

@@ -38,7 +38,7 @@ IDLE_SOCKET_S = 60.0
 class Reply:
     """A one-shot answer set from the engine thread and awaited on the event loop."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._future: asyncio.Future = self._loop.create_future()
 
@@ -65,8 +65,8 @@ class _Stream:
 class TokenStreams:
     """The node's open token streams. Engine thread only: zmq sockets are not thread-safe."""
 
-    def __init__(self):
-        self._ctx = zmq.Context.instance()  # shared, never terminated: close() closes our sockets
+    def __init__(self) -> None:
+        self._ctx: zmq.Context = zmq.Context.instance()  # shared, never terminated: close() closes our sockets
         self._open: dict[str, _Stream] = {}
         self._pending: dict[str, list[TokenChunk]] = {}   # address -> chunks pushed since the last flush
         self._ended: list[tuple[Reply, StreamEnd]] = []

@@ -1,1 +1,1 @@
-"""PrefillNode: a Ray actor computing prompts and writing their KV into decode nodes (prefill_node.py)."""
+"""PrefillNode, the Ray actor computing prompts and writing their KV into decode nodes, and its queue stages; map in docs/architecture.md."""

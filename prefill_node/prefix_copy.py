@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from raypd.engine.engine import LLMEngine
 from raypd.engine.cache.radix_cache import RadixNode
+from raypd.engine.engine import LLMEngine
 from raypd.kvtransfer import KVReceiver, KVSender, TransferState
-from raypd.protocol.messages import PrefillResult
 from raypd.node.streams import Reply
+from raypd.protocol.messages import PrefillResult
 
 S = TransferState
 

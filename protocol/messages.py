@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from raypd.protocol.kv_events import KVEvent
-from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 accounting check that runs after every test on every engine the test created."""
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import OrderedDict
 
@@ -79,3 +80,13 @@ def block_accounting_adds_up():
         acc = eng.block_accounting()
         assert not eng.reservations, f"reservations left: {list(eng.reservations)}"
         assert acc.held == 0 and acc.free + acc.cached == acc.total, acc
+
+
+@pytest.fixture(autouse=True)
+def one_process_tests_start_no_ray(request):
+    """`pytest -m "not cluster"` is the fast one-process tier: a test that starts Ray must say so."""
+    yield
+    if request.node.get_closest_marker("cluster") is None:
+        ray = sys.modules.get("ray")
+        assert ray is None or not ray.is_initialized(), \
+            f"{request.node.nodeid} started Ray: mark its module with pytestmark = pytest.mark.cluster"

@@ -1,5 +1,7 @@
 """`raypd bench <name> [args]`: run one of the benchmarks in benchmarks/ with its own flags.
 
+    raypd bench serve --systems raypd-pd,llamacpp --dataset gsp --sweep --json out.json
+                                            the served system over HTTP against another server
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
     raypd bench engine --json out.json      single-engine throughput vs transformers
@@ -13,11 +15,12 @@ import importlib
 
 BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmarks.kv_transfer",
               "engine": "raypd.benchmarks.engine_throughput", "routing": "raypd.benchmarks.routing_sim",
-              "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead"}
+              "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead",
+              "serve": "raypd.benchmarks.serve.main"}
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (pd, transfer, engine, routing, conductor, streaming)",
+    p = sub.add_parser("bench", help="run a benchmark (serve, pd, transfer, engine, routing, conductor, streaming)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")

@@ -5,10 +5,11 @@ cluster with prefill and decode node actors and sends every prompt through them 
 does the same with colocated nodes. The output is the same in every mode."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from raypd.cluster.cli.engine_args import add_engine_args, engine_options
 
 
 def add_generate_parser(sub) -> None:
@@ -41,19 +42,9 @@ def add_generate_parser(sub) -> None:
     c.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
     c.add_argument("--decode-num-blocks", type=int, default=None, help="KV blocks on decode nodes (default --num-blocks)")
     c.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one token")
-    e = p.add_argument_group("engine")
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--num-blocks", type=int, default=None)
-    e.add_argument("--chunked-prefill-size", type=int, default=256, help="<= 0 disables chunking")
-    e.add_argument("--max-num-batched-tokens", type=int, default=512)
-    e.add_argument("--max-running-requests", type=int, default=64)
-    e.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs")
-    e.add_argument("--no-prefix-cache", action="store_true")
-    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
-                   help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
+    e = add_engine_args(p)
+    e.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (--mode single; node actors take --cpus-per-node)")
     p.set_defaults(run=run_generate)
 
 
@@ -79,13 +70,6 @@ def read_prompts(args) -> list:
     return prompts
 
 
-def engine_options(args) -> dict:
-    return dict(block_size=args.block_size, num_blocks=args.num_blocks, chunked_prefill_size=args.chunked_prefill_size,
-                max_num_batched_tokens=args.max_num_batched_tokens, max_running_requests=args.max_running_requests,
-                schedule_policy=args.schedule_policy, enable_prefix_cache=not args.no_prefix_cache,
-                dtype=args.dtype, device=args.device, num_threads=args.threads, cpu_kernels=args.cpu_kernels)
-
-
 def run_generate(args) -> int:
     from raypd.engine import LLM, EngineError, SamplingParams
 
@@ -94,9 +78,9 @@ def run_generate(args) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos)
         if args.mode == "single":
-            outputs = LLM(args.model, **engine_options(args)).generate(prompts, params)
+            outputs = LLM(args.model, num_threads=args.threads, **engine_options(args)).generate(prompts, params)
         else:
-            from raypd.cluster.cli.generate_cluster import generate_on_cluster
+            from raypd.cluster.cli.generate_cluster import generate_on_cluster  # imports Ray: only when needed
             outputs = generate_on_cluster(args, prompts, params)
     except (EngineError, ValueError, RuntimeError) as e:
         print(f"raypd generate: error: {e}", file=sys.stderr)

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
+
+from raypd.cluster.cli.engine_args import add_engine_args, engine_options
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.launch.ray_init import init_ray, reason
+
+if TYPE_CHECKING:  # it imports Ray, which the command line loads only once it starts serving
+    from raypd.cluster.serve.config import ServeConfig
 
 log = logging.getLogger("raypd.serve")
 
@@ -56,14 +63,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--metrics-export-port", type=int, default=None,
                    help="Ray's Prometheus endpoint port, e.g. 8080: not in 10002-19999 (local Ray only)")
     p.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
-    e = p.add_argument_group("engine")
-    e.add_argument("--num-blocks", type=int, default=None, help="KV blocks per node (default: from memory)")
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--chunked-prefill-size", type=int, default=256)
-    e.add_argument("--max-running-requests", type=int, default=64)
-    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
-                   help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
+    add_engine_args(p)
     p.set_defaults(run=run_serve)
 
 
@@ -71,16 +71,12 @@ def config_from_args(args):
     from raypd.cluster.serve.config import ServeConfig
 
     pd_default = 0 if args.mixed_nodes else 1
-    engine = {"block_size": args.block_size, "chunked_prefill_size": args.chunked_prefill_size,
-              "max_running_requests": args.max_running_requests, "dtype": args.dtype, "cpu_kernels": args.cpu_kernels}
-    if args.num_blocks is not None:
-        engine["num_blocks"] = args.num_blocks
     return ServeConfig(
         model=args.model, served_model_name=args.served_model_name,
         prefill_nodes=pd_default if args.prefill_nodes is None else args.prefill_nodes,
         decode_nodes=pd_default if args.decode_nodes is None else args.decode_nodes,
         mixed_nodes=args.mixed_nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
-        place_by_role=args.place_by_role, engine_options=engine, transfer_options={"backend": args.transfer_backend}, policy=args.policy,
+        place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options={"backend": args.transfer_backend}, policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
         ingress_replicas=args.ingress_replicas)
@@ -141,11 +137,11 @@ def run_serve(args) -> int:
 class Server:
     """The Ray / Serve lifecycle of one `raypd serve` process."""
 
-    def __init__(self, config, args):
+    def __init__(self, config: ServeConfig, args: argparse.Namespace):
         self.config = config
         self.args = args
         self.started_ray = False
-        self.nodes: list = []  # NodeHandles, to kill any node actor the app's shutdown left behind
+        self.nodes: list[NodeHandle] = []  # to kill any node actor the app's shutdown left behind
 
     def start(self) -> None:
         from ray import serve
@@ -161,7 +157,7 @@ class Server:
         try:
             serve.run(build_serve_app(self.config), name=self.config.app_name, route_prefix="/")
         except RuntimeError as e:
-            raise ServeStartError(f"the application failed to deploy: {_last_line(e)}") from None
+            raise ServeStartError(f"the application failed to deploy: {reason(e)}") from None
         pool = serve.get_deployment_handle("NodePool", app_name=self.config.app_name)
         self.nodes = pool.nodes.remote().result()
         layout = (f"{self.config.mixed_nodes} mixed" if self.config.mixed_nodes else
@@ -179,20 +175,14 @@ class Server:
         log.info("ready; Ctrl-C stops everything")
 
     def _init_ray(self):
-        import ray
-
-        if ray.is_initialized():
-            return None
-        common = {"namespace": "raypd", "log_to_driver": False, "logging_level": logging.WARNING}
-        if self.args.address:
-            return ray.init(address=self.args.address, **common)
         c = self.config
         need = (c.prefill_nodes + c.decode_nodes + c.mixed_nodes) * c.cpus_per_node + c.ingress_cpus * c.ingress_replicas
-        self.started_ray = True
+        local = {"include_dashboard": not self.args.no_dashboard, "dashboard_host": "127.0.0.1"}
         if self.args.metrics_export_port:
-            common["_metrics_export_port"] = self.args.metrics_export_port
-        return ray.init(num_cpus=max(math.ceil(need), os.cpu_count() or 1), include_dashboard=not self.args.no_dashboard,
-                        dashboard_host="127.0.0.1", **common)
+            local["_metrics_export_port"] = self.args.metrics_export_port
+        ctx, self.started_ray = init_ray(self.args.address, need, local_options=local, namespace="raypd",
+                                         log_to_driver=False, logging_level=logging.WARNING)
+        return ctx
 
     def stop(self) -> None:
         import ray
@@ -206,12 +196,12 @@ class Server:
             else:  # a shared cluster: remove only our application (its NodePool stops our nodes)
                 serve.delete(self.config.app_name)
         except Exception as e:  # noqa: BLE001 - keep going: the nodes and Ray must still stop
-            log.warning("stopping Serve failed: %s", _last_line(e))
+            log.warning("stopping Serve failed: %s", reason(e))
         for node in self.nodes:  # normally already gone with the NodePool; make sure
             try:
                 ray.kill(node.actor)
             except Exception as e:  # noqa: BLE001 - keep killing the others
-                log.warning("could not kill node %s: %s", node.name, _last_line(e))
+                log.warning("could not kill node %s: %s", node.name, reason(e))
         ray.shutdown()
         log.info("stopped")
 
@@ -221,11 +211,6 @@ def _handle_signals() -> None:
         raise ShutdownRequested(signal.Signals(signum).name)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-
-
-def _last_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__
 
 
 def _url_host(host: str) -> str:

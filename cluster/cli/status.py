@@ -18,7 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-NODE_ACTOR = re.compile(r"^raypd-(prefill|decode|mixed)-\d+$")
+from raypd.protocol.roles import Role
+
+NODE_ACTOR = re.compile(rf"^raypd-({'|'.join(r.value for r in Role)})-\d+$")  # local_cluster's actor names
 CALL_TIMEOUT_S = 10.0
 COLUMNS = [  # header, cell of a node that answered
     ("NODE", lambda r: r["name"]), ("ROLE", lambda r: r["role"]), ("HOST", lambda r: r["host"] or "-"),

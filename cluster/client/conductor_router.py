@@ -11,10 +11,10 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from raypd.cluster.client.router import Route, Router
 from raypd.cluster.client.node_handles import NodeHandle
-from raypd.cluster.client.request_driver import NoNodeError
+from raypd.cluster.client.router import NoNodeError, Route, Router
 from raypd.conductor.errors import NoCandidateError
+from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,7 @@ class ConductorRouter(Router):
             decode = self.nodes[d.decode_node]
         except KeyError as e:
             raise NoNodeError(f"the Conductor chose node {e.args[0]!r}, unknown to this caller") from e
-        if prefill.role == "mixed":
-            return Route(prefill, None)
-        return Route(prefill, decode)
+        return Route(prefill) if prefill.role == Role.MIXED else Route(prefill, decode)
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
         try:

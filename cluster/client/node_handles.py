@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from raypd.protocol.messages import HostInfo
+from raypd.protocol.roles import Role
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 
 @dataclass(frozen=True)
 class NodeHandle:
     name: str
-    role: str               # "prefill", "decode" or "mixed"
-    actor: object           # ray.actor.ActorHandle
+    role: Role
+    actor: ActorHandle
     host: HostInfo
     num_blocks: int
     bootstrap_address: str = ""  # prefill nodes: where decode nodes register for KV

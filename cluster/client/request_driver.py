@@ -7,58 +7,41 @@ step per caller: the measured cheap path, see node/streams.py); the request's en
 death come over Ray, as the generate() call's return or error. Whatever happens - a node dies,
 nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
 final chunk, and both nodes are told to abort a request that did not end there.
-Callers pass the nodes a router chose (the Conductor); without them the driver picks round-robin.
+Callers pass the nodes their Router chose (client/router.py); the driver itself never picks one.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.token_receiver import TokenReceiver
-from raypd.engine.sampling_params import SamplingParams
 from raypd.protocol.messages import NodeRequest, PrefillResult, TokenChunk
+from raypd.protocol.roles import Role
+from raypd.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 
-class NoNodeError(RuntimeError):
-    """No node of a needed role is available."""
-
-
 class RequestDriver:
-    """Run requests on the given nodes from one event loop at a time; close() frees the token socket.
+    """Run requests on the nodes callers name, from one event loop at a time; close() frees the
+    token socket.
 
     reply_host: the address nodes send tokens to (default: this process's Ray node IP).
     stream_tail_s: after a node's generate() returned, how long tokens it counted may still take to
     arrive before the request ends with a "lost tokens" error."""
 
-    def __init__(self, nodes: Sequence[NodeHandle], chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
+    def __init__(self, chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
                  reply_host: str | None = None, stream_tail_s: float = 10.0):
-        self.prefill = [n for n in nodes if n.role == "prefill"]
-        self.decode = [n for n in nodes if n.role == "decode"]
-        self.mixed = [n for n in nodes if n.role == "mixed"]
         self.chunk_timeout_s = chunk_timeout_s
         self.prefill_wait_s = prefill_wait_s
         self.stream_tail_s = stream_tail_s
         self.receiver = TokenReceiver(reply_host)
-        self._rr = {role: itertools.cycle(nodes) for role, nodes in
-                    (("prefill", self.prefill), ("decode", self.decode), ("mixed", self.mixed)) if nodes}
-
-    @property
-    def mode(self) -> str:
-        return "pd" if self.prefill and self.decode else "mixed"
-
-    def pick(self, role: str) -> NodeHandle:
-        if role not in self._rr:
-            raise NoNodeError(f"no {role} node is running")
-        return next(self._rr[role])
 
     def close(self) -> None:
         self.receiver.close()
@@ -70,17 +53,18 @@ class RequestDriver:
         self.close()
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       prefill: NodeHandle | None = None, decode: NodeHandle | None = None) -> AsyncIterator[TokenChunk]:
-        if self.mode == "mixed":
-            node = prefill if prefill is not None and prefill.role == "mixed" else self.pick("mixed")
+                       prefill: NodeHandle, decode: NodeHandle | None = None) -> AsyncGenerator[TokenChunk, None]:
+        """The request's chunks, the last one final. `prefill` takes the prompt and hands its KV to
+        `decode`; a mixed node does both: pass it as `prefill`, with no `decode`."""
+        if decode is None:
+            if prefill.role != Role.MIXED:
+                raise ValueError(f"{prefill.name} is a {prefill.role} node: it needs a decode node")
             req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
                               reply_address=self.receiver.address)
-            async with aclosing(self._relay(node, req, also_abort=None)) as chunks:
+            async with aclosing(self._relay(prefill, req, also_abort=None)) as chunks:
                 async for chunk in chunks:
                     yield chunk
             return
-        prefill = prefill or self.pick("prefill")
-        decode = decode or self.pick("decode")
         req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
                           bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address)
         prefill_ref = prefill.actor.prefill.remote(req)

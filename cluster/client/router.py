@@ -1,10 +1,11 @@
-"""The ingress's one routing seam: which prefill and decode node serve a request.
+"""The routing seam: which nodes serve a request, asked once per request before any node is.
 
-RoundRobinRouter is the driver's round-robin (no Conductor); cluster/conductor_route.py's
-ConductorRouter asks the Conductor actor, and is what `raypd serve` uses when it runs one. A router may raise:
-  - conductor.errors.AdmissionRejected: the SLO admission said no         -> HTTP 429
-  - cluster.request_driver.NoNodeError / conductor.errors.NoCandidateError -> HTTP 503
-(api_errors.api_error maps them.)
+Every caller that drives requests (the Serve ingress, `raypd generate --mode pd|mixed`) holds one
+Router, chosen by make_router.py: conductor_router.py's ConductorRouter when a Conductor runs, else
+RoundRobinRouter (here). A router may raise:
+  - conductor.errors.AdmissionRejected: the SLO admission said no    -> HTTP 429
+  - NoNodeError / conductor.errors.NoCandidateError: nothing can serve -> HTTP 503
+(openai/api_errors.api_error maps them.)
 """
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raypd.cluster.client.node_handles import NodeHandle
-from raypd.cluster.client.request_driver import NoNodeError, RequestDriver
+from raypd.conductor.policies.round_robin import Rotation
+from raypd.protocol.roles import Role
+
+
+class NoNodeError(RuntimeError):
+    """No node of a needed role is available."""
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Nodes for one request; None lets the driver choose (mixed mode picks its mixed node itself)."""
-    prefill: NodeHandle | None = None
+    """Nodes for one request: a prefill node and a decode node, or a mixed node alone (decode None)."""
+    prefill: NodeHandle
     decode: NodeHandle | None = None
 
 
@@ -33,16 +39,25 @@ class Router(ABC):
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
         """The request's prefill ran and served num_cached_tokens from cache (routers that predict it
-        use this to check themselves)."""
+        use this to check themselves; the others ignore it)."""
+        return None
 
 
 class RoundRobinRouter(Router):
-    def __init__(self, driver: RequestDriver):
-        self.driver = driver
+    """Without a Conductor: each role's nodes in turn; PD when prefill and decode nodes run, else
+    the mixed nodes."""
+
+    def __init__(self, nodes: Sequence[NodeHandle]):
+        self._nodes = {role: [n for n in nodes if n.role == role] for role in Role}
+        self._turns = {role: Rotation() for role in Role}
 
     async def route(self, request_id: str, prompt_token_ids: Sequence[int]) -> Route:
-        if self.driver.mode == "mixed":
-            if not self.driver.mixed:  # the driver picks the mixed node itself (round-robin)
-                raise NoNodeError("no node is running")
-            return Route()
-        return Route(self.driver.pick("prefill"), self.driver.pick("decode"))
+        if self._nodes[Role.PREFILL] and self._nodes[Role.DECODE]:
+            return Route(self._next(Role.PREFILL), self._next(Role.DECODE))
+        if self._nodes[Role.MIXED]:
+            return Route(self._next(Role.MIXED))
+        raise NoNodeError("no node is running (neither a prefill + decode pair nor a mixed node)")
+
+    def _next(self, role: Role) -> NodeHandle:
+        nodes = self._nodes[role]
+        return nodes[self._turns[role].next_index(len(nodes))]

@@ -1,31 +1,35 @@
 """Start (or join) a Ray cluster and place raypd's node actors on it; stop them again.
 
     with NodeCluster.start(ClusterSpec(prefill_nodes=1, decode_nodes=1)) as cluster:
-        driver = RequestDriver(cluster.nodes)
+        router = make_router(cluster.conductor, cluster.nodes)   # client/make_router.py
 
 Each actor gets the Ray resources it asks for (num_cpus here, num_gpus on GPU clusters) and pins
-torch to that many threads. Starting Ray locally reserves enough logical CPUs for the actors even
-on a 2-core machine: they then share cores, which the benchmark notes say.
+torch to that many threads. Ray itself is joined or started by ray_init.init_ray.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.launch.ray_init import init_ray, reason
+from raypd.conductor.actor import start_conductor
+from raypd.conductor.config import ConductorConfig
+from raypd.conductor.topology import Topology
+from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
 # The Ray node label that says which raypd role a machine is for (cluster.yaml and the Helm chart set it).
 ROLE_LABEL = "raypd.io/role"
 
-NODE_CLASSES = {"prefill": ("raypd.prefill_node.prefill_node", "PrefillNode"),
-                "decode": ("raypd.decode_node.decode_node", "DecodeNode"),
-                "mixed": ("raypd.node.mixed_node", "MixedNode")}
+NODE_CLASSES = {Role.PREFILL: ("raypd.prefill_node.prefill_node", "PrefillNode"),
+                Role.DECODE: ("raypd.decode_node.decode_node", "DecodeNode"),
+                Role.MIXED: ("raypd.node.mixed_node", "MixedNode")}
 
 
 class ClusterStartError(RuntimeError):
@@ -67,8 +71,8 @@ class ClusterSpec:
         if self.cpus_per_node <= 0 or self.gpus_per_node < 0:
             raise ValueError("cpus_per_node must be > 0 and gpus_per_node >= 0")
 
-    def roles(self) -> list[str]:
-        return ["prefill"] * self.prefill_nodes + ["decode"] * self.decode_nodes + ["mixed"] * self.mixed_nodes
+    def roles(self) -> list[Role]:
+        return [Role.PREFILL] * self.prefill_nodes + [Role.DECODE] * self.decode_nodes + [Role.MIXED] * self.mixed_nodes
 
 
 class NodeCluster:
@@ -82,29 +86,23 @@ class NodeCluster:
     @classmethod
     def start(cls, spec: ClusterSpec, address: str | None = None) -> NodeCluster:
         """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel."""
-        started_ray = False
-        if not ray.is_initialized():
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                need = int(-(-spec.cpus_per_node * len(spec.roles()) // 1))
-                ray.init(num_cpus=spec.ray_cpus or max(need, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
-                started_ray = True
+        started_ray = init_ray(address, spec.cpus_per_node * len(spec.roles()), num_cpus=spec.ray_cpus,
+                               local_options={"include_dashboard": False}, log_to_driver=False).started
         cluster = cls(spec, started_ray)
         try:
             if spec.policy is not None:
-                cluster.conductor = _start_conductor(spec)
+                cluster.conductor = _start_conductor(spec, spec.policy)
             cluster.add_nodes(spec.roles())
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def add_nodes(self, roles: list[str], engine_options: dict | None = None,
+    def add_nodes(self, roles: Sequence[Role | str], engine_options: dict | None = None,
                   transfer_options: dict | None = None) -> list[NodeHandle]:
         """Start nodes of the given roles (options merged over the spec's) and wait until they are ready."""
         created = []
-        for role in roles:
+        for role in map(Role.parse, roles):
             n = self._counters.get(role, 0)
             self._counters[role] = n + 1
             name = f"{self.spec.name_prefix}-{role}-{n}"
@@ -128,7 +126,7 @@ class NodeCluster:
         self.nodes.extend(handles)
         return handles
 
-    def by_role(self, role: str) -> list[NodeHandle]:
+    def by_role(self, role: Role | str) -> list[NodeHandle]:
         return [n for n in self.nodes if n.role == role]
 
     def remove(self, node: NodeHandle) -> None:
@@ -160,15 +158,8 @@ class NodeCluster:
         self.stop()
 
 
-def _start_conductor(spec: ClusterSpec):
-    from dataclasses import replace
-
-    from raypd.conductor.actor import start_conductor
-    from raypd.conductor.config import ConductorConfig
-
-    from raypd.conductor.topology import Topology
-
-    config = replace(ConductorConfig(), policy=spec.policy, **spec.conductor_options)
+def _start_conductor(spec: ClusterSpec, policy: str):
+    config = replace(ConductorConfig(), policy=policy, **spec.conductor_options)
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
     conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
@@ -177,18 +168,18 @@ def _start_conductor(spec: ClusterSpec):
     except ray.exceptions.GetTimeoutError as e:
         raise ClusterStartError(f"the Conductor did not start within {spec.start_timeout_s:.0f}s") from e
     except ray.exceptions.RayActorError as e:
-        raise ClusterStartError(f"the Conductor failed to start: {_first_line(getattr(e, 'cause', None) or e)}") from e
+        raise ClusterStartError(f"the Conductor failed to start: {reason(getattr(e, 'cause', None) or e)}") from e
     return conductor
 
 
-def _create_actor(spec: ClusterSpec, role: str, name: str, engine_options: dict, transfer_options: dict):
+def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict):
     module, cls_name = NODE_CLASSES[role]
     cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
     options = {**spec.engine_options, **spec.role_engine_options.get(role, {}), **engine_options}
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node}
-    if role in ("prefill", "decode"):
+    if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint
         kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
-    if role == "decode":
+    if role is Role.DECODE:
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
     placement = {"label_selector": {ROLE_LABEL: role}} if spec.place_by_role else {}
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
@@ -205,9 +196,4 @@ def _wait_ready(actors: list, timeout_s: float, hint: str = "") -> list[dict]:
         raise ClusterStartError(f"node actors did not start within {timeout_s:.0f}s{hint}") from e
     except ray.exceptions.RayActorError as e:
         cause = getattr(e, "cause", None) or e
-        raise ClusterStartError(f"a node actor failed to start: {_first_line(cause)}") from e
-
-
-def _first_line(e: object) -> str:
-    text = str(e).strip().splitlines()
-    return text[-1] if text else repr(e)
+        raise ClusterStartError(f"a node actor failed to start: {reason(cause)}") from e

@@ -74,10 +74,10 @@ class ServiceUnavailable(APIError):
 
 def api_error(exc: BaseException) -> APIError:
     """The APIError a typed exception from any layer answers with."""
-    from pydantic import ValidationError
     import ray.exceptions
+    from pydantic import ValidationError
 
-    from raypd.cluster.client.request_driver import NoNodeError
+    from raypd.cluster.client.router import NoNodeError
     from raypd.conductor.errors import AdmissionRejected, NoCandidateError
     from raypd.engine.errors import InvalidRequestError
 

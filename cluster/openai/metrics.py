@@ -1,6 +1,5 @@
-"""Ingress metrics through ray.util.metrics, so they reach the Ray dashboard and the Prometheus
-endpoint Ray exports. Without Ray (unit tests, a bare FastAPI app) every call is a no-op, and ray is
-imported only when it is already initialized.
+"""Ingress metrics through the metrics API (metrics/ray_api.py), so they reach the Ray dashboard and
+the Prometheus endpoint Ray exports. Without Ray (unit tests, a bare FastAPI app) nothing is recorded.
 
 Exported (Ray adds the prefix `ray_`; counters also get `_total`):
   raypd_ingress_requests{endpoint,status}   status: ok | client_error | rejected | unavailable | aborted | error
@@ -19,12 +18,12 @@ Who records what, per generation request (one RequestRecord each):
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Literal
 
 from raypd.cluster.openai.api_errors import api_error
+from raypd.metrics.ray_api import NOOP, MetricsAPI, metrics_api
 
 if TYPE_CHECKING:
     from raypd.cluster.openai.params import PreparedRequest
@@ -40,16 +39,6 @@ TPOT_S = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1
 E2E_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0]
 
 
-def ray_metrics_api() -> Any | None:
-    """ray.util.metrics when this process is part of a Ray cluster, else None (no-op metrics)."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    from ray.util import metrics
-
-    return metrics
-
-
 def status_of(http_status: int) -> Status:
     if http_status < 400:
         return "ok"
@@ -61,13 +50,11 @@ def status_of(http_status: int) -> Status:
 
 
 class IngressMetrics:
-    def __init__(self, api: Any | None = None):
+    def __init__(self, api: MetricsAPI | None = None):
         """`api`: a module with Counter, Gauge and Histogram (tests pass a fake); default: Ray's
         when Ray is initialized, else nothing is recorded."""
-        api = api if api is not None else ray_metrics_api()
-        self.enabled = api is not None
-        if api is None:
-            return
+        api = metrics_api(api)
+        self.enabled = api is not NOOP
         p, tags = "raypd_ingress_", ("endpoint",)
         self.requests = api.Counter(p + "requests", "generation requests by how they ended", ("endpoint", "status"))
         self.ttft = api.Histogram(p + "ttft_seconds", "time to first text per choice", TTFT_S, tags)
@@ -97,10 +84,9 @@ class RequestRecord:
             return
         self.status = status
         m = self.metrics
-        if m.enabled:
-            m.requests.inc(1, {"endpoint": self.endpoint, "status": status})
-            if status == "ok":
-                m.e2e.observe(self._last_event - self.t0, {"endpoint": self.endpoint})
+        m.requests.inc(1, {"endpoint": self.endpoint, "status": status})
+        if status == "ok":
+            m.e2e.observe(self._last_event - self.t0, {"endpoint": self.endpoint})
 
     async def track(self, events: AsyncGenerator, prepared: PreparedRequest,
                     echo: list[str] | None = None) -> AsyncGenerator:
@@ -114,8 +100,9 @@ class RequestRecord:
         first: dict[int, float] = {}  # choice -> time of its first generated text
         seen: set[int] = set()
         completion, cached = 0, dict.fromkeys(range(len(prepared.prompts)), 0)
-        if m.enabled:
-            m.prompt_tokens.inc(sum(map(len, prepared.prompts)), tags)
+        prompt_tokens = sum(map(len, prepared.prompts))
+        if prompt_tokens:  # Ray counters take only positive increments
+            m.prompt_tokens.inc(prompt_tokens, tags)
         try:
             async for e in events:
                 now = self._last_event = time.monotonic()
@@ -123,13 +110,13 @@ class RequestRecord:
                 seen.add(e.index)
                 if not is_echo and e.index not in first:
                     first[e.index] = now
-                    _observe(m, "ttft", now - self.t0, tags)
+                    m.ttft.observe(max(now - self.t0, 0.0), tags)
                 if e.finish_reason:
                     completion += e.completion_tokens
                     p = prompt_of.get(e.index, 0)
                     cached[p] = max(cached.get(p, 0), e.cached_tokens)
                     if e.completion_tokens > 1 and e.index in first:
-                        _observe(m, "tpot", (now - first[e.index]) / (e.completion_tokens - 1), tags)
+                        m.tpot.observe(max((now - first[e.index]) / (e.completion_tokens - 1), 0.0), tags)
                 yield e
             self.finish("ok")
         except (asyncio.CancelledError, GeneratorExit):
@@ -142,16 +129,10 @@ class RequestRecord:
                 raise
             raise err from e
         finally:
-            if m.enabled:
-                if completion:
-                    m.completion_tokens.inc(completion, tags)
-                if sum(cached.values()):
-                    m.cached_tokens.inc(sum(cached.values()), tags)
-
-
-def _observe(m: IngressMetrics, name: str, value: float, tags: dict) -> None:
-    if m.enabled:
-        getattr(m, name).observe(max(value, 0.0), tags)
+            if completion:
+                m.completion_tokens.inc(completion, tags)
+            if sum(cached.values()):
+                m.cached_tokens.inc(sum(cached.values()), tags)
 
 
 class MetricsMiddleware:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from raypd.cluster.openai.api_errors import BadRequest
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest, TextPart, _SamplingFields
-from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

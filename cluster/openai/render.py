@@ -12,10 +12,20 @@ from contextlib import aclosing
 from typing import Literal
 
 from raypd.cluster.openai.api_errors import api_error
+from raypd.cluster.openai.response_schema import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    FinishReason,
+    PromptTokensDetails,
+    Usage,
+)
 from raypd.cluster.serve.generation import ChoiceEvent, ChoiceStream
-from raypd.cluster.openai.response_schema import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                      ChatCompletionChunk, ChatDelta, Completion, CompletionChoice,
-                                      FinishReason, PromptTokensDetails, Usage)
 
 Kind = Literal["chat", "completion"]
 

@@ -14,8 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from raypd.cluster.openai.api_errors import APIError, MethodNotAllowed, NotFound, api_error, from_validation_errors
 from raypd.cluster.openai.guard import GuardMiddleware
 from raypd.cluster.openai.metrics import IngressMetrics, MetricsMiddleware, record_of
-from raypd.cluster.serve.service import OpenAIService
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest
+from raypd.cluster.serve.service import OpenAIService
 
 
 def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, replica: str = "",

@@ -15,13 +15,13 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from raypd.cluster.client.request_driver import RequestDriver
+from raypd.cluster.client.router import Router
 from raypd.cluster.openai.api_errors import ServiceUnavailable
 from raypd.cluster.openai.detokenizer import IncrementalDetokenizer
-from raypd.cluster.client.router import Router
 from raypd.cluster.openai.params import ChoiceJob, PreparedRequest
 from raypd.cluster.openai.response_schema import FinishReason
 from raypd.cluster.openai.stop import StopMatcher
-from raypd.cluster.client.request_driver import RequestDriver
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +62,8 @@ class Generator:
         generated = 0
         cached = 0
         stream = self.driver.generate(request_id, prompt_ids, job.params, route.prefill, route.decode)
-        # Leaving early closes the driver's stream, which aborts the request on both nodes. (It is an
-        # async generator; request_driver types it as an AsyncIterator.)
-        async with aclosing(stream):  # type: ignore[type-var]
+        # Leaving early closes the driver's stream, which aborts the request on both nodes.
+        async with aclosing(stream):
             async for chunk in stream:
                 generated += len(chunk.token_ids)
                 cached = chunk.num_cached_tokens or cached

@@ -6,18 +6,16 @@ Replicas share nothing but the nodes, so any number of them can run side by side
 from __future__ import annotations
 
 import asyncio
-import json
 
 from ray import serve
 
-from raypd.cluster.serve.app import build_app
-from raypd.cluster.serve.generation import Generator
-from raypd.cluster.client.conductor_router import ConductorRouter
-from raypd.cluster.client.router import RoundRobinRouter
-from raypd.cluster.serve.service import OpenAIService
-from raypd.cluster.openai.params import ModelLimits
+from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.request_driver import RequestDriver
+from raypd.cluster.openai.params import ModelLimits
+from raypd.cluster.serve.app import build_app
 from raypd.cluster.serve.config import ServeConfig
+from raypd.cluster.serve.generation import Generator
+from raypd.cluster.serve.service import OpenAIService
 from raypd.engine.model.config import ModelConfig
 from raypd.engine.model.source import resolve_model
 from raypd.engine.tokenizer import Tokenizer
@@ -33,20 +31,19 @@ class OpenAIIngress:
         self.config = config
         model_dir = await asyncio.to_thread(resolve_model, config.model)
         tokenizer = await asyncio.to_thread(Tokenizer, model_dir)
-        model = ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
+        model = ModelConfig.from_folder(model_dir)
         nodes = await node_pool.nodes.remote()
         infos = await asyncio.gather(*(n.actor.ready.remote() for n in nodes))
         capacity = {n.name: info["num_blocks"] * info["block_size"] for n, info in zip(nodes, infos)}
         limits = ModelLimits(
             name=config.model_name(), context_len=model.max_position_embeddings, vocab_size=model.vocab_size,
             block_size=infos[0]["block_size"],
-            decode_kv_tokens=min(capacity[n.name] for n in nodes if n.role in ("decode", "mixed")),
-            prefill_kv_tokens=min(capacity[n.name] for n in nodes if n.role in ("prefill", "mixed")),
+            decode_kv_tokens=min(capacity[n.name] for n in nodes if n.role.serves_decode),
+            prefill_kv_tokens=min(capacity[n.name] for n in nodes if n.role.serves_prefill),
             default_max_tokens=config.default_max_tokens)
-        driver = RequestDriver(nodes, chunk_timeout_s=config.chunk_timeout_s)
+        driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s)
         self.driver = driver
-        conductor = await node_pool.conductor.remote()
-        router = ConductorRouter(conductor, nodes) if conductor is not None else RoundRobinRouter(driver)
+        router = make_router(await node_pool.conductor.remote(), nodes)
         self.service = OpenAIService(tokenizer, limits, Generator(driver, router, tokenizer.hf), nodes)
         self.replica = serve.get_replica_context().replica_id.unique_id
 

@@ -13,8 +13,8 @@ import logging
 
 from ray import serve
 
-from raypd.cluster.launch.local_cluster import NodeCluster
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.launch.local_cluster import NodeCluster
 from raypd.cluster.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)

@@ -7,18 +7,17 @@ import asyncio
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from raypd.cluster.openai.api_errors import BadRequest, ServiceUnavailable
-from raypd.cluster.serve.generation import Generator
-from raypd.cluster.openai.metrics import RequestRecord, track
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.openai.api_errors import BadRequest, ServiceUnavailable
+from raypd.cluster.openai.metrics import RequestRecord, track
 from raypd.cluster.openai.params import ModelLimits, PreparedRequest, chat_messages, check_supported, prepare
 from raypd.cluster.openai.render import Kind, Renderer
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest
 from raypd.cluster.openai.response_schema import ModelCard, ModelList
+from raypd.cluster.serve.generation import Generator
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.tokenizer import Tokenizer
 
@@ -62,7 +61,7 @@ class OpenAIService:
     async def health(self, timeout_s: float = 5.0) -> dict:
         """Every node answers: the replica can serve. Probes call this; it raises 503 otherwise."""
         try:
-            await asyncio.wait_for(asyncio.gather(*(_actor(n).ready.remote() for n in self.nodes)), timeout_s)
+            await asyncio.wait_for(asyncio.gather(*(n.actor.ready.remote() for n in self.nodes)), timeout_s)
         except Exception as e:  # noqa: BLE001 - a dead or stuck node: not ready, whatever the cause
             raise ServiceUnavailable(f"a node does not answer: {type(e).__name__}", code="node_failure") from e
         return {"status": "ok", "model": self.limits.name, "nodes": len(self.nodes)}
@@ -73,7 +72,7 @@ class OpenAIService:
         async def one(n: NodeHandle) -> dict:
             try:
                 idle, load = await asyncio.wait_for(
-                    asyncio.gather(_actor(n).check_idle.remote(), _actor(n).load_report.remote()), timeout_s)
+                    asyncio.gather(n.actor.check_idle.remote(), n.actor.load_report.remote()), timeout_s)
                 return {"name": n.name, "role": n.role, "host": n.host.hostname, "held": idle,
                         "idle": not any(idle.values()), "load": asdict(load)}
             except Exception as e:  # noqa: BLE001 - report the node as failing, keep the others
@@ -113,11 +112,6 @@ class OpenAIService:
             await events.aclose()
             raise
         return StreamingResponse(renderer.sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-def _actor(node: NodeHandle) -> Any:
-    """The node's Ray actor handle (NodeHandle types it as a plain object)."""
-    return node.actor
 
 
 def _as_list(prompt) -> list:

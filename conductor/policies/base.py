@@ -63,20 +63,16 @@ class RoutingView:
         queued = t.prefill_queue_tokens(slots)
         return queued, speed, queued / speed
 
-    def send_s(self, src_slot: int, dst_slots: np.ndarray, num_tokens) -> np.ndarray:
+    def send_s(self, src_slot: int, dst_slots: np.ndarray, num_tokens: float | np.ndarray) -> np.ndarray:
         """KV transfer seconds of `num_tokens` (scalar or per destination) from one node to each of
         `dst_slots`; 0 to itself."""
-        h = self.table.host
-        src = h[src_slot]
-        dst = h[dst_slots]
-        topo = self.topology
-        s = (num_tokens * self.config.cost.kv_bytes_per_token) * topo.seconds_per_byte[src, dst] \
-            + topo.latency[src, dst] * 1e-6
-        return np.where(dst_slots == src_slot, 0.0, s)
+        return self.send_matrix(np.array([src_slot]), dst_slots, num_tokens)[0]
 
-
-    def send_matrix(self, src_slots: np.ndarray, dst_slots: np.ndarray, num_tokens: float) -> np.ndarray:
-        """send_s for several sources at once: (len(src), len(dst)) seconds, 0 on the diagonal."""
+    def send_matrix(self, src_slots: np.ndarray, dst_slots: np.ndarray,
+                    num_tokens: float | np.ndarray) -> np.ndarray:
+        """(len(src), len(dst)) seconds to send `num_tokens` (scalar or per destination) of KV from
+        each source to each destination: bytes over the bottleneck bandwidth plus latency; 0 from
+        a node to itself."""
         h = self.table.host
         src = h[src_slots][:, None]
         dst = h[dst_slots][None, :]

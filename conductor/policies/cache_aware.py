@@ -15,7 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 from raypd.conductor.decision import RouteDecision
-from raypd.conductor.policies.base import RoutingPolicy, RoutingView, pick_decode, register_policy, require, simple_decision
+from raypd.conductor.policies.base import (
+    RoutingPolicy,
+    RoutingView,
+    pick_decode,
+    register_policy,
+    require,
+    simple_decision,
+)
 
 
 @register_policy

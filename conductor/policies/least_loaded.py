@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from raypd.conductor.decision import RouteDecision
-from raypd.conductor.policies.base import RoutingPolicy, RoutingView, least_loaded_decode, register_policy, require, simple_decision
+from raypd.conductor.policies.base import (
+    RoutingPolicy,
+    RoutingView,
+    least_loaded_decode,
+    register_policy,
+    require,
+    simple_decision,
+)
 
 
 @register_policy

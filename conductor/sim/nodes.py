@@ -110,6 +110,7 @@ class SimPrefillNode:
 
     def finish(self, now: float) -> Job:
         job, self.current = self.current, None
+        assert job is not None, "finish() without a started job"
         req = job.out.req
         self.queued_tokens -= job.n_new
         dur = now - job.out.prefill_start

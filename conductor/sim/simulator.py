@@ -11,7 +11,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from raypd.conductor.sim.profiles import HardwareProfile, build_topology, conduc
 from raypd.conductor.sim.workload import SimRequest
 from raypd.conductor.topology import Topology, transfer_seconds
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.roles import Role
 
 ARRIVE, PREFILL_DONE, KV_LANDED, DECODE_TICK, REPORT, COPY_DONE, SAMPLE, TICK = range(8)
 
@@ -58,10 +61,10 @@ class Simulation:
         n = prefill_nodes + decode_nodes
         self.topology, hosts = build_topology(profile, n)
         # interleave roles over hosts so every host has both (as a mixed deployment would)
-        roles = ["prefill"] * prefill_nodes + ["decode"] * decode_nodes
+        roles = [Role.PREFILL] * prefill_nodes + [Role.DECODE] * decode_nodes
         order = _interleave(prefill_nodes, decode_nodes)
-        self.prefill: list[SimPrefillNode] = []
-        self.decode: list[SimDecodeNode] = []
+        self.prefill: dict[str, SimPrefillNode] = {}
+        self.decode: dict[str, SimDecodeNode] = {}
         cfg = conductor_config(profile, policy.split("+")[0], migration=migration or policy.endswith("+migration"),
                                block_size=block_size, migration_overrides=migration_overrides,
                                **(config_overrides or {}))
@@ -70,12 +73,13 @@ class Simulation:
         self.nodes: dict[str, SimPrefillNode | SimDecodeNode] = {}
         for i, k in enumerate(order):
             host = hosts[i]
-            if roles[k] == "prefill":
+            node: SimPrefillNode | SimDecodeNode
+            if roles[k] is Role.PREFILL:
                 node = SimPrefillNode(f"p{len(self.prefill)}", host, profile, block_size)
-                self.prefill.append(node)
+                self.prefill[node.name] = node
             else:
                 node = SimDecodeNode(f"d{len(self.decode)}", host, profile, block_size, unit)
-                self.decode.append(node)
+                self.decode[node.name] = node
             self.nodes[node.name] = node
             self.core.register_node(node.name, roles[k], HostInfo(host, "", host, 0))
         self._heap: list = []
@@ -117,14 +121,14 @@ class Simulation:
         self._unfinished = len(requests)
         self._at(0.0, SAMPLE)
         self._at(self.tick_interval_s, TICK)
-        handlers = {ARRIVE: self._arrive, PREFILL_DONE: self._prefill_done, KV_LANDED: self._kv_landed,
+        handlers: dict[int, Callable[[Any], None]] = {ARRIVE: self._arrive, PREFILL_DONE: self._prefill_done, KV_LANDED: self._kv_landed,
                     DECODE_TICK: self._decode_tick, REPORT: self._report, COPY_DONE: self._copy_done,
                     SAMPLE: self._sample, TICK: self._tick}
         while self._heap and self._unfinished > 0:
             t, _, kind, payload = heapq.heappop(self._heap)
             self.now = t
             handlers[kind](payload)
-        busy = sum(p.busy_s for p in self.prefill)
+        busy = sum(p.busy_s for p in self.prefill.values())
         span = max(self.now, 1e-9)
         pl = self.core.planner
         return RunResult(
@@ -148,10 +152,10 @@ class Simulation:
         out = Outcome(req, arrival=self.now, prefill=d.prefill_node, decode=d.decode_node, branch=d.branch,
                       predicted_cached=d.predicted_cached_tokens)
         self.outcomes.append(out)
-        dec = self.nodes[d.decode_node]
+        dec = self.decode[d.decode_node]
         dec.inflight += 1
         job = Job(out, dec)
-        target = self.nodes[d.prefill_node]
+        target = self.prefill[d.prefill_node]
         if d.fetch is not None:
             self.fetches += 1
             self._copy(d.fetch.source, d.fetch.target, req, d.fetch.num_tokens, job)
@@ -218,14 +222,14 @@ class Simulation:
                 self.core.report_kv_events(KVEventBatch(name, tuple(node.events)))
                 node.events.clear()
             cache_blocks = node.cache.capacity
-            r = LoadReport(name, "prefill", queued_prefill_tokens=node.queued_tokens, waiting=len(node.queue),
+            r = LoadReport(name, Role.PREFILL, queued_prefill_tokens=node.queued_tokens, waiting=len(node.queue),
                            running=1 if node.current else 0, free_blocks=cache_blocks - len(node.cache),
                            total_blocks=cache_blocks, cached_blocks=len(node.cache),
                            step_time_s=node.step_ewma, prefill_tokens_per_s=node.speed_ewma, timestamp=self.now)
         else:
             node.advance(self.now)
             bs = self.block_size
-            r = LoadReport(name, "decode", queued_prefill_tokens=0, waiting=len(node.waiting),
+            r = LoadReport(name, Role.DECODE, queued_prefill_tokens=0, waiting=len(node.waiting),
                            running=len(node.running), free_blocks=int(node.free_tokens // bs),
                            total_blocks=int(self.profile.decode_kv_tokens // bs), cached_blocks=0,
                            inflight=node.inflight, step_time_s=node.step_s, timestamp=self.now)
@@ -235,14 +239,14 @@ class Simulation:
     def _copy(self, source: str, target: str, req_tokens, num_tokens: int, job: Job | None) -> None:
         """Copy the leading blocks of a prefix from source to target (what the source still holds
         when asked), through the source's NIC; then `job` (a fetch's request) joins the target."""
-        src = self.nodes[source]
+        src = self.prefill[source]   # fetches and migrations copy from prefill nodes' caches
         if isinstance(req_tokens, SimRequest):
             hashes = req_tokens.block_hashes(self.block_size)
             tokens = req_tokens.token_ids()
         else:
             hashes, tokens = req_tokens
         n_blocks = min(num_tokens // self.block_size, len(hashes))
-        have = src.cache.match(hashes[:n_blocks]) if isinstance(src, SimPrefillNode) else 0
+        have = src.cache.match(hashes[:n_blocks])
         ntok = have * self.block_size
         self.copy_bytes += ntok * self.profile.kv_bytes_per_token
         done = src.nic.send(self.now, self._transfer_s(source, target, ntok), ntok * self.profile.kv_bytes_per_token)
@@ -252,7 +256,7 @@ class Simulation:
 
     def _copy_done(self, payload) -> None:
         target, hashes, tokens, job = payload
-        node = self.nodes[target]
+        node = self.prefill[target]
         if hashes:
             node.hold_prefix(list(hashes), tokens)
         if job is not None:
@@ -269,7 +273,7 @@ class Simulation:
 
     # -- periodic -----------------------------------------------------------------------------
     def _sample(self, _) -> None:
-        q = np.fromiter((p.queued_tokens for p in self.prefill), dtype=float, count=len(self.prefill))
+        q = np.fromiter((p.queued_tokens for p in self.prefill.values()), dtype=float, count=len(self.prefill))
         m = q.mean()
         if m > 0:
             self.imbalance.append(float(q.max() / m))
@@ -289,7 +293,7 @@ def _interleave(p: int, d: int) -> list[int]:
     """Indices into [prefill..., decode...] spreading the smaller pool evenly among the larger."""
     order, i, j = [], 0, 0
     total = p + d
-    for k in range(total):
+    for _ in range(total):
         if j >= d or (i < p and i * d <= j * p):
             order.append(i)
             i += 1

@@ -53,7 +53,7 @@ def load_mooncake_trace(path: str | Path, *, scale: float = 1.0, scale_output: b
     output lengths shrink too unless scale_output is False. Arrival times start at 0 (the simulator
     compresses time for rate sweeps)."""
     block_tokens = max(1, round(TRACE_BLOCK_TOKENS * scale))
-    out = []
+    out: list[SimRequest] = []
     with open(path) as f:
         for i, line in enumerate(f):
             if i < start:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from raypd.engine.cache.block_allocator import BlockAllocator
@@ -33,6 +33,12 @@ class RadixNode:
 
     def __lt__(self, other: RadixNode) -> bool:
         return (self.last_access, self.uid) < (other.last_access, other.uid)
+
+    @property
+    def up(self) -> RadixNode:
+        """The parent of a node below the root (every node but the root has one)."""
+        assert self.parent is not None, "the radix root has no parent"
+        return self.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +89,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.num_evictable_blocks -= 1
             node.lock_ref += 1
-            node = node.parent
+            node = node.up
 
     def unlock(self, node: RadixNode) -> None:
         while node is not self.root:
@@ -92,7 +98,7 @@ class RadixCache:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.num_evictable_blocks += 1
-            node = node.parent
+            node = node.up
 
     # -- insertion ------------------------------------------------------------------------------
     def insert(self, token_ids: Sequence[int], blocks: Sequence[int]) -> tuple[RadixNode, list[int]]:
@@ -122,7 +128,7 @@ class RadixCache:
             node = child
         if new_nodes:
             self._emit(BlockStored(
-                seq=self._next_seq(), parent_hash=new_nodes[0].parent.hash,
+                seq=self._next_seq(), parent_hash=new_nodes[0].up.hash,
                 block_hashes=tuple(x.hash for x in new_nodes),
                 token_ids=tuple(t for x in new_nodes for t in x.tokens), block_size=self.block_size))
         return node, canonical
@@ -135,7 +141,7 @@ class RadixCache:
         removed: list[int] = []
         while leaves and len(removed) < num_blocks:
             leaf = heapq.heappop(leaves)
-            parent = leaf.parent
+            parent = leaf.up
             del parent.children[leaf.tokens]
             self.allocator.decref([leaf.block])
             self.num_cached_blocks -= 1
@@ -164,7 +170,7 @@ class RadixCache:
         events, stack = [], list(self.root.children.values())
         while stack:
             x = stack.pop()
-            events.append(BlockStored(seq=self._event_seq, parent_hash=x.parent.hash, block_hashes=(x.hash,),
+            events.append(BlockStored(seq=self._event_seq, parent_hash=x.up.hash, block_hashes=(x.hash,),
                                       token_ids=x.tokens, block_size=self.block_size))
             stack.extend(x.children.values())
         return self._event_seq, events
@@ -173,7 +179,8 @@ class RadixCache:
         return {x.block for x in self._iter_nodes()}
 
     # -- internals ------------------------------------------------------------------------------
-    def _iter_nodes(self):
+    def _iter_nodes(self) -> Iterator[RadixNode]:
+        """Every node below the root."""
         stack = list(self.root.children.values())
         while stack:
             x = stack.pop()

@@ -84,8 +84,10 @@ def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out[seg.q_start:end] = o.squeeze(0).transpose(0, 1)
     d = meta.decode
     if d is not None and d.kernel is not None:
+        assert d.tables is not None and d.ctx_lens is not None, "the native path needs tables and ctx_lens"
         out[d.q_index] = d.kernel(kv.pool, layer, q.index_select(0, d.q_index), d.tables, d.ctx_lens)
     elif d is not None:
+        assert d.context_runs is not None, "the torch path needs context_runs"
         n = d.q_index.shape[0]
         qd = q.index_select(0, d.q_index).view(n, kvh, -1, hd)  # g query rows per KV head
         runs = d.context_runs + run_base

@@ -1,7 +1,9 @@
-"""The model's shape, read from a Hugging Face config.json dict."""
+"""The model's shape, read from a Hugging Face config.json (a folder's, or its parsed dict)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from raypd.engine.errors import UnsupportedModelError
 
@@ -25,6 +27,11 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+
+    @classmethod
+    def from_folder(cls, model_dir: str | Path) -> ModelConfig:
+        """The config of a Hugging Face model folder (what model.source.resolve_model returns)."""
+        return cls.from_hf(json.loads((Path(model_dir) / "config.json").read_text()))
 
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:

@@ -110,7 +110,7 @@ def _hf_config(meta: dict, reader) -> dict:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     hidden = int(meta[p + "embedding_length"])
-    rope = {"rope_type": "default"}
+    rope: dict[str, str | float] = {"rope_type": "default"}
     if meta.get(p + "rope.scaling.type") == "linear":
         rope = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
     tok = {k: _field_value(f) for k, f in reader.fields.items() if k.startswith("tokenizer.ggml.") and k.endswith("_id")}

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from raypd.engine.model.attention import AttentionMetadata, paged_attention
 from raypd.engine.cache.kv_cache import PagedKVCache
-from raypd.engine.model.linear import Linear
+from raypd.engine.model.attention import AttentionMetadata, paged_attention
 from raypd.engine.model.config import ModelConfig
+from raypd.engine.model.linear import Linear
 from raypd.engine.model.rope import RotaryTable, apply_rotary
 
 

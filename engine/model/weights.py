@@ -7,8 +7,8 @@ import torch
 from safetensors import safe_open
 
 from raypd.engine.errors import ModelLoadError
-from raypd.engine.model.llama import LayerWeights, ModelWeights
 from raypd.engine.model.config import ModelConfig
+from raypd.engine.model.llama import LayerWeights, ModelWeights
 
 
 def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -9,9 +9,10 @@ import ray
 import zmq
 
 from raypd.cluster.client.request_driver import RequestDriver
+from raypd.cluster.client.router import Router
 from raypd.cluster.client.token_receiver import default_host
-from raypd.engine.sampling_params import SamplingParams
 from raypd.protocol.messages import TokenChunk, unpack_chunks
+from raypd.protocol.sampling_params import SamplingParams
 
 # Short timeouts so failure tests end quickly; the nodes must still finish every request in time.
 FAST_TRANSFER = {"backend": "nixl", "nixl_ucx_devices": "lo", "bootstrap_timeout_s": 60.0, "wait_timeout_s": 60.0,
@@ -27,11 +28,17 @@ async def collect(driver: RequestDriver, rid: str, ids, params: SamplingParams, 
     raise AssertionError(f"{rid}: stream ended without a final chunk")
 
 
-def run_all(driver: RequestDriver, prompts, params: SamplingParams, **route):
-    """All prompts at once through the given (or round-robin) nodes: [(tokens, final chunk)]."""
+def run_all(driver: RequestDriver, prompts, params: SamplingParams, router: Router | None = None, **route):
+    """All prompts at once through the given nodes (prefill=, decode=), or each through the nodes
+    `router` chooses: [(tokens, final chunk)]."""
+    async def one(rid: str, ids):
+        if router is None:
+            return await collect(driver, rid, ids, params, **route)
+        chosen = await router.route(rid, ids)
+        return await collect(driver, rid, ids, params, prefill=chosen.prefill, decode=chosen.decode)
+
     async def main():
-        return await asyncio.gather(*(collect(driver, f"r{i}-{time.monotonic_ns()}", ids, params, **route)
-                                      for i, ids in enumerate(prompts)))
+        return await asyncio.gather(*(one(f"r{i}-{time.monotonic_ns()}", ids) for i, ids in enumerate(prompts)))
     return asyncio.run(main())
 
 

@@ -11,11 +11,13 @@ import pytest
 import ray
 
 from raypd.cluster.client.conductor_router import ConductorRouter
-from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.cluster.client.request_driver import RequestDriver
-from raypd.engine.sampling_params import SamplingParams
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.protocol.sampling_params import SamplingParams
 from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect
 from tests.conftest import NEW_TOKENS
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 HEARTBEAT_S = 3.0
@@ -39,7 +41,7 @@ def routed(cluster, rid, ids, route=None):
     router = ConductorRouter(cluster.conductor, cluster.nodes)
 
     async def main():
-        with RequestDriver(cluster.nodes) as driver:
+        with RequestDriver() as driver:
             decision = await cluster.conductor.route.remote(rid, list(ids))
             prefill, decode = (route.prefill, route.decode) if route else \
                 (router.nodes[decision.prefill_node], router.nodes[decision.decode_node])

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import NEW_TOKENS
 
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
+
 
 @pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory, prompt_ids):

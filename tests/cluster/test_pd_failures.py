@@ -15,12 +15,14 @@ import time
 import pytest
 import ray
 
-from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.cluster.client.request_driver import RequestDriver
-from raypd.engine.sampling_params import SamplingParams
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.protocol.messages import NodeRequest
+from raypd.protocol.sampling_params import SamplingParams
 from tests.cluster.helpers import FAST_TRANSFER, TokenSink, assert_idle, collect
 from tests.conftest import NEW_TOKENS
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 ENDLESS = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
@@ -148,7 +150,7 @@ def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids, sink
         ray.get(small.actor.abort.remote(blocker.request_id), timeout=30)
         assert final_of(sink, blocker_end)[-1].finish_reason == "abort"
         # RUNNING: the client goes away mid-stream; the driver aborts on both nodes.
-        driver = RequestDriver(cluster.nodes)
+        driver = RequestDriver()
 
         async def read_two_chunks_then_leave():
             gen = driver.generate("leaver", prompt_ids[1], ENDLESS, prefill=prefill, decode=small)
@@ -224,7 +226,7 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
 def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):
     impatient = cluster.add_nodes(["decode"], transfer_options={"wait_timeout_s": 0.3})[0]
     try:
-        driver = RequestDriver(cluster.nodes)
+        driver = RequestDriver()
         slow, healthy = node(cluster, "prefill-1"), node(cluster, "prefill-0")
 
         async def main():
@@ -247,7 +249,7 @@ def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):
 def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, hf_reference):
     victim = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 32, "max_num_batched_tokens": 32})[0]
     decode, healthy = node(cluster, "decode-0"), node(cluster, "prefill-0")
-    driver = RequestDriver(cluster.nodes)
+    driver = RequestDriver()
 
     async def main():
         doomed = [asyncio.ensure_future(collect(driver, f"doomed-{i}", ids, GREEDY, prefill=victim, decode=decode))
@@ -276,7 +278,7 @@ def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, 
 def test_decode_killed_mid_stream(cluster, prompt_ids, hf_reference):
     victim = cluster.add_nodes(["decode"])[0]
     prefill, healthy = node(cluster, "prefill-0"), node(cluster, "decode-0")
-    driver = RequestDriver(cluster.nodes)
+    driver = RequestDriver()
 
     async def main():
         started = asyncio.Event()
@@ -300,7 +302,7 @@ def test_decode_killed_mid_stream(cluster, prompt_ids, hf_reference):
         doomed, fine = asyncio.run(main())
     finally:
         cluster.remove(victim)
-    for tokens, final in doomed:
+    for _, final in doomed:
         assert final.error and victim.name in final.error
     for i, (tokens, final) in enumerate(fine):
         assert final.error is None and tokens == hf_reference[i]

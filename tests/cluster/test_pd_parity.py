@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import ray
 
-from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.cluster.client.request_driver import RequestDriver
-from raypd.engine.sampling_params import SamplingParams
+from raypd.cluster.client.router import RoundRobinRouter
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.protocol.sampling_params import SamplingParams
 from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
 from tests.conftest import NEW_TOKENS
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 HANDOFF_PHASES = {"prefill.bootstrap_s", "prefill.queue_s", "prefill.prefill_s", "prefill.transfer_s",
@@ -47,7 +50,7 @@ def check(results, reference):
 
 
 def test_pd_matches_reference_then_warm_cache(cluster, prompt_ids, hf_reference):
-    driver = RequestDriver(cluster.nodes)
+    driver = RequestDriver()
     route = {"prefill": node(cluster, "prefill-0"), "decode": node(cluster, "decode-0")}
     cold = run_all(driver, prompt_ids, GREEDY, **route)
     check(cold, hf_reference)
@@ -63,14 +66,14 @@ def test_pd_matches_reference_then_warm_cache(cluster, prompt_ids, hf_reference)
 
 
 def test_pd_chunked_prefill(cluster, prompt_ids, hf_reference):
-    driver = RequestDriver(cluster.nodes)
+    driver = RequestDriver()
     check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-1"), decode=node(cluster, "decode-0")),
           hf_reference)
     assert_idle(cluster.nodes)
 
 
 def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
-    driver = RequestDriver(cluster.nodes)
+    driver = RequestDriver()
     decode = node(cluster, "decode-1")
     # prefill-0 holds every prompt in its prefix cache by now, so the prompts reach the decode node
     # together and outgrow its memory together (a chunked prefill node would trickle them in).
@@ -80,8 +83,8 @@ def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
 
 
 def test_pd_round_robin_over_two_by_two(cluster, prompt_ids, hf_reference):
-    driver = RequestDriver(cluster.nodes)
-    check(run_all(driver, prompt_ids, GREEDY), hf_reference)
+    driver = RequestDriver()
+    check(run_all(driver, prompt_ids, GREEDY, router=RoundRobinRouter(cluster.nodes)), hf_reference)
     stats = ray.get([n.actor.stats.remote() for n in cluster.by_role("prefill")])
     assert all(s["completed"] > 0 for s in stats)
     assert_idle(cluster.nodes)

@@ -11,6 +11,8 @@ import ray
 from raypd.cluster.launch.local_cluster import ROLE_LABEL, ClusterSpec, ClusterStartError, NodeCluster
 from tests.cluster.helpers import FAST_TRANSFER
 
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
+
 SPEC = ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 64}, transfer_options=FAST_TRANSFER,
                    place_by_role=True)
 

@@ -3,17 +3,18 @@ and remote fetch call): the target then serves the prefix from its own cache wit
 reference; a copy of a prefix the source does not hold fails cleanly on both sides."""
 from __future__ import annotations
 
-import asyncio
 import secrets
 
 import pytest
 import ray
 
-from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.cluster.client.request_driver import RequestDriver
-from raypd.engine.sampling_params import SamplingParams
+from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.protocol.sampling_params import SamplingParams
 from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
 from tests.conftest import NEW_TOKENS
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 
@@ -39,7 +40,7 @@ def test_copied_prefix_serves_requests_on_the_target(cluster, prompt_ids, hf_ref
     decode = cluster.by_role("decode")[0]
     i = max(range(len(prompt_ids)), key=lambda k: len(prompt_ids[k]))
     ids = prompt_ids[i]
-    driver = RequestDriver(cluster.nodes)
+    driver = RequestDriver()
     (tokens, final), = run_all(driver, [ids], GREEDY, prefill=source, decode=decode)
     assert tokens == hf_reference[i] and final.num_cached_tokens == 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
 
 from raypd.conductor.config import ConductorConfig, MigrationConfig
 from raypd.conductor.errors import AdmissionRejected
@@ -12,7 +13,7 @@ from raypd.protocol.block_hash import chained_block_hashes
 from raypd.protocol.messages import PrefillResult
 from tests.conductor.helpers import EventMaker, batch, host, load
 
-ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 BS = 16
 PROMPT = list(range(700, 900))

@@ -6,7 +6,6 @@ import pytest
 from raypd.conductor.config import ConductorConfig
 from raypd.conductor.core import ConductorCore
 from raypd.conductor.errors import HashSchemeMismatch, UnknownNodeError
-from raypd.conductor.metrics import ConductorMetrics
 from raypd.protocol.kv_events import BlockStored
 from tests.conductor.helpers import EventMaker, FakeClock, batch, host, load
 
@@ -101,15 +100,6 @@ def test_decision_log_keeps_the_most_recent():
     assert core.log.get("r1") is None and core.log.get("r4").request_id == "r4"
     assert "r4" in core.recent_decisions(1)[0].explain()
     assert core.recent_decisions(1)[0].to_dict()["prefill_node"] in ("p0", "p1")
-
-
-def test_metrics_are_noops_without_ray():
-    m = ConductorMetrics()
-    assert m.enabled is False
-    m.decision("cost", "local", 0.001, 10)
-    m.node_load("p0", "prefill", 1, 2, 3)
-    m.migration("started", 10)
-    m.resync("p0")
 
 
 def test_typed_errors_survive_pickling():

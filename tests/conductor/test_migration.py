@@ -25,7 +25,7 @@ def hammer(core, n: int, prompt=PROMPT, **queued):
     """n requests for the hot prompt, each after fresh load reports (so routed-since-report load
     does not accumulate in the test)."""
     plans = []
-    for i in range(n):
+    for _ in range(n):
         for name, q in queued.items():
             core.report_load(load(name, queued=q, speed=1000.0))
         d = core.route(f"r{len(core.log)}", prompt)

@@ -4,6 +4,7 @@ import pytest
 
 from raypd.conductor.errors import InvalidRoleError, UnknownNodeError
 from raypd.conductor.registry import NodeRegistry
+from raypd.protocol.roles import Role
 from tests.conductor.helpers import FakeClock, host, load
 
 
@@ -12,7 +13,7 @@ def test_register_heartbeat_and_expiry_with_injected_clock():
     reg = NodeRegistry(heartbeat_timeout_s=5.0, clock=clock)
     a = reg.register("a", "prefill", host())
     b = reg.register("b", "decode", host())
-    assert (a.slot, b.slot) == (0, 1) and a.serves_prefill and not a.serves_decode
+    assert (a.slot, b.slot) == (0, 1) and a.role is Role.PREFILL and b.role is Role.DECODE
     clock.advance(4.0)
     reg.heartbeat("a")
     clock.advance(2.0)                      # b silent 6 s, a silent 2 s

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from raypd.cluster.openai.metrics import IngressMetrics
+from raypd.conductor.metrics import ConductorMetrics
 from raypd.node.node_metrics import NodeMetrics
 from tests.fake_metrics import FakeMetricsAPI
 
@@ -23,17 +24,10 @@ MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")  # label="x", label=~"x", .
 @pytest.fixture(scope="module")
 def declared(request) -> dict:
     """Exported series name -> (base metric name, tag keys), for every metric of the three modules."""
-    import ray.util.metrics
-
-    from raypd.conductor.metrics import ConductorMetrics
-
     api = FakeMetricsAPI()
     IngressMetrics(api)
     NodeMetrics(api)
-    with pytest.MonkeyPatch.context() as mp:  # ConductorMetrics imports Ray's classes itself
-        for kind in ("Counter", "Gauge", "Histogram"):
-            mp.setattr(ray.util.metrics, kind, getattr(api, kind))
-        ConductorMetrics(enabled=True)
+    ConductorMetrics(api)
     series = {}
     for name, m in api.made.items():
         exported = "ray_" + name

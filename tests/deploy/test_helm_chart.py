@@ -14,7 +14,6 @@ from tests.deploy import crd_schema
 from tests.deploy.chart_values import BIG, CPU, EXISTING_SECRET, HOSTPATH, MIXED, PVC, containers, ports
 from tests.deploy.conftest import CHART
 
-
 # --- lint -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("values", [None, BIG, MIXED], ids=["default", "big", "mixed"])
@@ -96,6 +95,19 @@ def test_default_serve_config(render):
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["ports"] == [{"name": "serve", "port": 8000, "targetPort": 8000}]
     assert "upgradeStrategy" not in r.rayservice["spec"]
+
+
+@pytest.mark.parametrize("given", [None, "cluster.serve_app:app_builder", "raypd.cluster.serve_app:app_builder"])
+def test_serve_import_path_resolves_to_the_installed_builder(render, given):
+    """The chart's path imports in this environment; the path from before the one root package
+    (cluster.serve_app:app_builder) is rewritten to it, so existing values keep working."""
+    import importlib
+
+    values = {} if given is None else {"serve": {"importPath": given}}
+    (app,) = render(values).serve_config["applications"]
+    assert app["import_path"] == "raypd.cluster.serve_app:app_builder"
+    module, _, attr = app["import_path"].partition(":")
+    assert callable(getattr(importlib.import_module(module), attr))
 
 
 def test_default_notes_warn_about_the_open_endpoint(render):

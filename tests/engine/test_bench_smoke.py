@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

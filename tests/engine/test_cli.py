@@ -5,8 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import NEW_TOKENS
 from tests.prompts import CHAT_PROMPTS, RAW_PROMPTS
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 
 def raypd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

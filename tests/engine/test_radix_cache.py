@@ -8,9 +8,9 @@ import struct
 import pytest
 
 from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.radix_cache import RadixCache, RadixNode
 from raypd.protocol.block_hash import ROOT_HASH, block_hash, chained_block_hashes
 from raypd.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from raypd.engine.cache.radix_cache import RadixCache, RadixNode
 
 BS = 2
 

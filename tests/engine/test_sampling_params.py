@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from raypd.engine.errors import EngineError, InvalidRequestError
-from raypd.engine.sampling_params import SamplingParams
+from raypd import engine
+from raypd.protocol.errors import InvalidRequestError
+from raypd.protocol.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("param, value", [
@@ -100,11 +101,12 @@ def test_defaults_are_valid():
     assert not params.has_penalties
 
 
-def test_invalid_request_error_is_a_value_error_and_an_engine_error():
+def test_invalid_request_error_is_a_value_error_and_the_engines_own():
     with pytest.raises(ValueError):
         SamplingParams(max_tokens=0)
-    with pytest.raises(EngineError):
+    with pytest.raises(engine.InvalidRequestError) as e:  # one type, whichever layer checks
         SamplingParams(top_p=0)
+    assert e.value.param == "top_p" and engine.InvalidRequestError is InvalidRequestError
 
 
 def test_stop_token_ids_are_stored_as_a_tuple():

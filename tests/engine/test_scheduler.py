@@ -13,8 +13,8 @@ import pytest
 from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.request import Request, RequestStatus
-from raypd.engine.sampling_params import SamplingParams
 from raypd.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from raypd.protocol.sampling_params import SamplingParams
 
 FAKE_TOKEN = 900  # the k-th sampled token of every request is FAKE_TOKEN + k
 

@@ -9,8 +9,15 @@ import time
 import pytest
 import torch
 
-from raypd.kvtransfer import (BackendUnavailableError, BlockIdError, KVReceiver, KVSender, RoomError, TransferConfig,
-                        create_backend)
+from raypd.kvtransfer import (
+    BackendUnavailableError,
+    BlockIdError,
+    KVReceiver,
+    KVSender,
+    RoomError,
+    TransferConfig,
+    create_backend,
+)
 from raypd.kvtransfer import TransferState as S
 
 CFG = TransferConfig(backend="fake", bootstrap_timeout_s=0.6, wait_timeout_s=5.0, transfer_timeout_s=0.8,

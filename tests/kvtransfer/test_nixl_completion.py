@@ -14,9 +14,12 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from raypd.kvtransfer import TransferConfig
 from raypd.kvtransfer import TransferState as S
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 BLOCKS, SLOTS = 8, 4
 SILENT_S = 4.0  # the peer's silence; the writes below must finish well inside it

@@ -16,6 +16,8 @@ from raypd.kvtransfer import TransferState as S
 from raypd.kvtransfer.bootstrap import schema
 from tests.kvtransfer.peer_proc import Peer, make_pool, rand_tables
 
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
+
 W = 20.0
 SEND_BLOCKS, SEND_SLOTS = 128, 16
 RECV_BLOCKS, RECV_SLOTS = 512, 96

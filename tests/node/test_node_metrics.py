@@ -1,8 +1,8 @@
 """NodeMetrics without Ray: gauges from a LoadReport, counters from the growth of stats() totals."""
 from __future__ import annotations
 
-from raypd.protocol.messages import LoadReport
 from raypd.node.node_metrics import NodeMetrics
+from raypd.protocol.messages import LoadReport
 from tests.fake_metrics import FakeMetricsAPI
 
 

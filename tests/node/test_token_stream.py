@@ -10,8 +10,8 @@ import pytest
 import ray
 
 from raypd.cluster.client.token_receiver import TokenReceiver
-from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
 from raypd.node.streams import SEND_HWM, Reply, TokenStreams
+from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
 
 
 def chunk(rid, *tokens, finished=False, **kw) -> TokenChunk:

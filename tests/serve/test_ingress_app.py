@@ -10,14 +10,15 @@ from dataclasses import replace
 
 import pytest
 
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.client.router import RoundRobinRouter, Route, Router
+from raypd.cluster.openai.params import ModelLimits
 from raypd.cluster.serve.app import build_app
 from raypd.cluster.serve.generation import Generator
-from raypd.cluster.client.router import RoundRobinRouter, Route, Router
 from raypd.cluster.serve.service import OpenAIService
-from raypd.cluster.openai.params import ModelLimits
-from raypd.cluster.client.request_driver import RequestDriver
 from raypd.conductor.errors import AdmissionRejected
-from raypd.protocol.messages import TokenChunk
+from raypd.protocol.messages import HostInfo, TokenChunk
+from raypd.protocol.roles import Role
 
 MODEL = "test-model"
 LIMITS = ModelLimits(name=MODEL, context_len=8192, vocab_size=49152, block_size=16, decode_kv_tokens=4096,
@@ -36,14 +37,13 @@ def tokenizer():
 
 class ScriptedDriver:
     """Plays fixed chunks for every request and records which streams were closed (= aborted)."""
-    mode = "pd"
 
     def __init__(self, chunks: list[TokenChunk], delay_s: float = 0.0):
         self.chunks = chunks
         self.delay_s = delay_s
         self.closed: list[str] = []
 
-    async def generate(self, request_id, prompt_token_ids, params, prefill=None, decode=None):
+    async def generate(self, request_id, prompt_token_ids, params, prefill, decode=None):
         try:
             for c in self.chunks:
                 await asyncio.sleep(self.delay_s)
@@ -52,9 +52,13 @@ class ScriptedDriver:
             self.closed.append(request_id)
 
 
+# A node for routers to name; the scripted driver never contacts it.
+MIXED_NODE = NodeHandle("raypd-mixed-0", Role.MIXED, None, HostInfo("n0", "127.0.0.1", "localhost", 0), 64)
+
+
 class AnyRoute(Router):
     async def route(self, request_id, prompt_token_ids):
-        return Route()
+        return Route(MIXED_NODE)
 
 
 class RejectingRouter(Router):
@@ -112,11 +116,7 @@ def test_slo_rejection_is_429(tokenizer, body):
 
 @pytest.mark.parametrize("body", [BODY, STREAM_BODY], ids=["json", "stream"])
 def test_no_node_is_503(tokenizer, body):
-    driver = RequestDriver([])
-    try:
-        status, raw = asyncio.run(call(app_for(tokenizer, driver, RoundRobinRouter(driver)), body))
-    finally:
-        getattr(driver, "close", lambda: None)()  # the driver may own a token socket
+    status, raw = asyncio.run(call(app_for(tokenizer, ScriptedDriver([]), RoundRobinRouter([])), body))
     assert status == 503 and json.loads(raw)["error"]["code"] == "no_node"
 
 

@@ -7,16 +7,25 @@ import json
 
 import pytest
 
+from raypd.cluster.client.router import RoundRobinRouter
+from raypd.cluster.openai.metrics import IngressMetrics, status_of
 from raypd.cluster.serve.app import build_app
 from raypd.cluster.serve.generation import Generator
-from raypd.cluster.openai.metrics import IngressMetrics, status_of
-from raypd.cluster.client.router import RoundRobinRouter
 from raypd.cluster.serve.service import OpenAIService
-from raypd.cluster.client.request_driver import RequestDriver
 from raypd.protocol.messages import TokenChunk
 from tests.fake_metrics import FakeMetricsAPI
-from tests.serve.test_ingress_app import (BODY, LIMITS, MODEL, STREAM_BODY, AnyRoute, RejectingRouter,
-                                          ScriptedDriver, call, tokenizer, tokens)
+from tests.serve.test_ingress_app import (
+    BODY,
+    LIMITS,
+    MODEL,
+    STREAM_BODY,
+    AnyRoute,
+    RejectingRouter,
+    ScriptedDriver,
+    call,
+    tokenizer,
+    tokens,
+)
 
 __all__ = ["tokenizer"]  # the fixture, shared with test_ingress_app
 
@@ -90,12 +99,8 @@ def test_slo_rejection_counts_as_rejected(tokenizer, body):
 
 @pytest.mark.parametrize("body", [BODY, STREAM_BODY], ids=["json", "stream"])
 def test_no_node_counts_as_unavailable(tokenizer, body):
-    driver = RequestDriver([])
-    try:
-        app, api = app_with_metrics(tokenizer, driver, RoundRobinRouter(driver))
-        assert asyncio.run(call(app, body))[0] == 503
-    finally:
-        getattr(driver, "close", lambda: None)()
+    app, api = app_with_metrics(tokenizer, ScriptedDriver([]), RoundRobinRouter([]))
+    assert asyncio.run(call(app, body))[0] == 503
     assert requests_by_status(api) == {"unavailable": 1}
 
 

@@ -12,8 +12,12 @@ import time
 import urllib.request
 from collections import defaultdict
 
+import pytest
+
 from raypd.cluster.openai.metrics import TTFT_S
 from tests.serve.conftest import MODEL, node_report, request
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 # Long enough to fill whole 16-token blocks, so the repeats are served from the prefix cache.
 CONDUCTOR_DECISIONS = "ray_raypd_conductor_decisions_total"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from raypd.engine.sampling_params import SamplingParams
+from raypd.protocol.sampling_params import SamplingParams
 from tests.prompts import ARTICLE
 from tests.serve.conftest import DEFAULT_MAX_TOKENS, MODEL, node_report, wait_nodes_idle
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"

@@ -13,6 +13,8 @@ import pytest
 
 from tests.serve.conftest import ServerProcess, free_port
 
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
+
 
 def serve_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "raypd.cluster.cli.main", "serve", *args], capture_output=True, text=True,
@@ -66,8 +68,8 @@ def test_sigterm_while_starting_stops_everything(tmp_path):
 def test_app_builder_reads_serve_config_args():
     from ray.serve import Application
 
-    from raypd.cluster.serve_app import app_builder
     from raypd.cluster.serve.config import ServeConfig, ServeConfigError
+    from raypd.cluster.serve_app import app_builder
 
     app = app_builder({"prefill_nodes": "2", "decode_nodes": "2", "policy": "cost", "api_key": "k"})
     assert isinstance(app, Application)

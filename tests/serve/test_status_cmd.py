@@ -8,8 +8,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from raypd.cluster.cli.status import format_status, from_conductor, from_nodes, run_status
 from raypd.protocol.messages import HostInfo
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 CONDUCTOR_STATUS = {  # the shape of ConductorCore.status()
     "policy": "cost", "decisions": 12, "rejected": 1,

@@ -7,9 +7,13 @@ import json
 import socket
 import time
 
-from raypd.engine.sampling_params import SamplingParams
+import pytest
+
+from raypd.protocol.sampling_params import SamplingParams
 from tests.prompts import RAW_PROMPTS
 from tests.serve.conftest import API_KEY, MODEL, node_report, wait_nodes_idle
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 STREAMS = 32
 N = 16

@@ -126,8 +126,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The Serve config (ServeDeploySchema) as YAML, built as a dict so quoting is toYaml's job. The args
-are raypd.cluster.serve_app:app_builder's (cluster/serve_config.py ServeConfig fields; unknown keys are an
+are raypd.cluster.serve_app:app_builder's (cluster/serve/config.py ServeConfig fields; unknown keys are an
 error there). The API key is not an arg: the builder reads $RAYPD_API_KEY, set from the Secret.
+The path before raypd had one root package, cluster.serve_app:app_builder, still works here: it is
+rewritten to the installed one, since a top-level `cluster` module no longer exists.
 */}}
 {{- define "raypd.serveConfig" -}}
 {{- $args := dict
@@ -143,7 +145,11 @@ error there). The API key is not an arg: the builder reads $RAYPD_API_KEY, set f
 {{- $_ := set $args "topology" (printf "%s/topology.yaml" .Values.topology.mountPath) -}}
 {{- end -}}
 {{- $args = merge $args (deepCopy .Values.serve.extraArgs) -}}
-{{- $app := dict "name" .Values.serve.appName "route_prefix" "/" "import_path" .Values.serve.importPath "args" $args -}}
+{{- $importPath := .Values.serve.importPath -}}
+{{- if hasPrefix "cluster.serve_app:" $importPath -}}
+{{- $importPath = printf "raypd.%s" $importPath -}}
+{{- end -}}
+{{- $app := dict "name" .Values.serve.appName "route_prefix" "/" "import_path" $importPath "args" $args -}}
 {{- if .Values.serve.runtimeEnv -}}
 {{- $_ := set $app "runtime_env" .Values.serve.runtimeEnv -}}
 {{- end -}}

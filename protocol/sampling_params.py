@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raypd.engine.errors import InvalidRequestError
+from raypd.protocol.errors import InvalidRequestError
 
 
 @dataclass(frozen=True, slots=True)

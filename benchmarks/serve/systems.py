@@ -1,0 +1,181 @@
+"""The systems `--systems` starts, one at a time, each on this machine with the same CPU budget.
+
+    raypd-pd      raypd serve: 1 prefill + 1 decode node, cost routing
+    raypd-pd-rr   the same with the round_robin policy
+    raypd-mixed   raypd serve --mixed-nodes 2: two colocated nodes (the replica-fleet baseline)
+    llamacpp      llama.cpp's llama-server on the GGUF raypd serves by default, one slot per
+                  concurrent request, prompt caching on (`cache_prompt` in every request)
+    llamacpp-t1   the same with one thread: on a busy shared machine llama.cpp's threads wait for
+                  each other at every op's barrier, and one thread can beat two
+
+Every raypd node gets `cpus` CPUs (its torch threads); llama-server gets `-t` = 2 x that.
+
+A system runs as a subprocess in its own session (process group). Lifecycle:
+    start -> wait until GET /v1/models answers (the log shows why if it exits first)
+          -> (measure) -> stop: SIGTERM to the group, wait, SIGKILL to the group and to every
+          descendant seen while it ran (Ray's workers leave the group's tree), then check by pid
+          that none is left.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+RAYPD_SYSTEMS = {"raypd-pd": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost"],
+                 "raypd-pd-rr": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "round_robin"],
+                 "raypd-mixed": ["--mixed-nodes", "2"]}
+LLAMACPP_SYSTEMS = ("llamacpp", "llamacpp-t1")
+SYSTEMS = (*RAYPD_SYSTEMS, *LLAMACPP_SYSTEMS)
+
+
+class LaunchError(RuntimeError):
+    """A system did not start or did not stop cleanly; the message says which and why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    cpus: float = 1.0                  # per raypd node; llama-server gets 2 x cpus threads
+    slots: int = 16                    # llama-server parallel slots
+    slot_context: int = 4096           # tokens per slot
+    llama_server: Path | None = None   # the binary (llamacpp only)
+    raypd_args: tuple[str, ...] = ()   # more `raypd serve` flags for every raypd system
+    ready_timeout_s: float = 600.0
+
+
+def command(name: str, port: int, opts: LaunchOptions) -> list[str]:
+    if name in RAYPD_SYSTEMS:
+        return [sys.executable, "-m", "raypd", "serve", "--port", str(port), "--no-dashboard",
+                "--cpus-per-node", str(opts.cpus), *RAYPD_SYSTEMS[name], *opts.raypd_args]
+    if name in LLAMACPP_SYSTEMS:
+        if opts.llama_server is None:
+            raise LaunchError("llamacpp needs the llama-server binary")
+        from raypd.engine.model.source import default_model_path
+
+        gguf = default_model_path()
+        return [str(opts.llama_server), "-m", str(gguf), "--alias", gguf.stem, "--host", "127.0.0.1", "--port", str(port),
+                "-t", "1" if name == "llamacpp-t1" else str(max(1, round(2 * opts.cpus))), "--parallel", str(opts.slots),
+                "-c", str(opts.slots * opts.slot_context), "--no-webui"]
+    raise LaunchError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+
+
+def extra_body(name: str) -> dict:
+    """Fields a system needs in every request (raypd rejects unknown fields, so only llama.cpp's)."""
+    return {"cache_prompt": True} if name in LLAMACPP_SYSTEMS else {}
+
+
+@dataclass
+class Launched:
+    """One started system: its process, log and every process seen under it."""
+    name: str
+    cmd: list[str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen
+    seen: dict[int, psutil.Process] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @classmethod
+    def start(cls, name: str, cmd: list[str], port: int, log_path: Path) -> Launched:
+        log = open(log_path, "wb")
+        env = {**os.environ, "RAYPD_API_KEY": ""}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        log.close()
+        return cls(name, cmd, port, log_path, proc)
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def remember(self) -> None:
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                self.seen.setdefault(p.pid, p)
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.remember()
+            if self.proc.poll() is not None:
+                raise LaunchError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/models", timeout=5) as r:
+                    if r.status == 200:
+                        self.remember()
+                        return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise LaunchError(f"{self.name} not ready within {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 60.0) -> list[int]:
+        """Stop everything it started; return the pids still alive afterwards (empty when clean)."""
+        self.remember()
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 15
+        while (left := self.alive()) and time.monotonic() < deadline:
+            for p in left:  # Ray workers re-parented out of the group: by pid, as remembered
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.5)
+        return [p.pid for p in self.alive()]
+
+    def alive(self) -> list[psutil.Process]:
+        out = []
+        for p in self.seen.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:  # is_running checks the pid's start time
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # start_new_session: the group id is the child's pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(name: str, opts: LaunchOptions, log_dir: Path) -> Launched:
+    """Start `name` and wait until it answers; on any failure stop what was started and raise."""
+    port = free_port()
+    sysm = Launched.start(name, command(name, port, opts), port, log_dir / f"{name}.log")
+    try:
+        sysm.wait_ready(opts.ready_timeout_s)
+    except BaseException:
+        sysm.stop(grace_s=20)
+        raise
+    return sysm

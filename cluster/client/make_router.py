@@ -1,0 +1,15 @@
+"""make_router: the Router a caller uses over its nodes - the Conductor's when one runs, else round-robin."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raypd.cluster.client.conductor_router import ConductorRouter
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.client.router import RoundRobinRouter, Router
+
+
+def make_router(conductor, nodes: Sequence[NodeHandle]) -> Router:
+    """`conductor`: the Conductor actor handle, or None (the cluster runs without one)."""
+    if conductor is None:
+        return RoundRobinRouter(nodes)
+    return ConductorRouter(conductor, nodes)

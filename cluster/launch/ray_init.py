@@ -1,0 +1,44 @@
+"""init_ray: join a Ray cluster, or start a local one with enough logical CPUs for raypd's actors;
+and reason(), the one line of a Ray error that start-up failures report.
+
+The launcher (`raypd generate --mode pd|mixed`, the benchmarks, the Serve NodePool) and `raypd serve`
+both come here. A Ray started here reserves enough logical CPUs for every actor even on a 2-core
+machine: the actors then share cores, which the benchmark notes say.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, NamedTuple
+
+
+class RayInit(NamedTuple):
+    context: Any    # what ray.init returned (dashboard_url, address_info); None if Ray was already up
+    started: bool   # Ray was started here: stopping it is ours to do
+
+
+def local_num_cpus(cpus_needed: float) -> int:
+    """Logical CPUs for a Ray started here: enough for `cpus_needed`, at least the machine's cores."""
+    return max(math.ceil(cpus_needed), os.cpu_count() or 1)
+
+
+def reason(e: object) -> str:
+    """The line of an error a user should see: its last non-empty one (Ray ends the traceback it
+    wraps an actor's or a deployment's exception in with that exception)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def init_ray(address: str | None, cpus_needed: float, *, num_cpus: int | None = None,
+             local_options: dict[str, Any] | None = None, **options: Any) -> RayInit:
+    """Nothing when this process is already connected to Ray; else join `address`, or start Ray here
+    with `num_cpus` logical CPUs (default: local_num_cpus(cpus_needed)). `options` go to ray.init
+    either way, `local_options` (dashboard, metrics port) only when Ray starts here."""
+    import ray  # here, not at the top: the command line loads Ray only once a command needs it
+
+    if ray.is_initialized():
+        return RayInit(None, False)
+    if address:
+        return RayInit(ray.init(address=address, **options), False)
+    cpus = num_cpus or local_num_cpus(cpus_needed)
+    return RayInit(ray.init(num_cpus=cpus, **(local_options or {}), **options), True)

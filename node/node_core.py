@@ -1,0 +1,161 @@
+"""NodeCore: what every node actor (prefill, decode, mixed) is made of, whatever its role.
+
+An LLMEngine owned by an EngineLoop thread, TokenStreams to callers (flushed after every tick and
+every step), a buffer of the engine's KV events, where the actor runs (HostInfo) and its metrics.
+A role class owns one NodeCore and its own stages; it hands the core two callables, `tick` (advance
+the stages; True while transfers need fast polling) and `on_outputs` (deliver a step's outputs), and
+writes its Ray-callable methods with the pieces here. Nothing here knows which role it serves.
+Only host.py (which asks Ray only when it is initialized) and attach_conductor() touch Ray, so a node
+constructs and runs in a plain process.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from raypd.engine.engine import LLMEngine
+from raypd.engine.outputs import StepOutput
+from raypd.kvtransfer.config import TransferConfig
+from raypd.node.conductor_link import ConductorLink, LinkedNode
+from raypd.node.engine_loop import EngineLoop
+from raypd.node.host import host_info
+from raypd.node.node_metrics import NodeMetrics
+from raypd.node.streams import Reply, TokenStreams
+from raypd.protocol.kv_events import KVEvent
+from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from raypd.protocol.roles import Role
+
+log = logging.getLogger(__name__)
+
+
+def _no_tick() -> bool:
+    return False
+
+
+class NodeCore:
+    def __init__(self, name: str, role: Role, model: str | None = None, engine_options: dict | None = None,
+                 num_cpus: float = 1.0, *, on_outputs: Callable[[list[StepOutput]], None],
+                 tick: Callable[[], bool] = _no_tick):
+        options = dict(engine_options or {})
+        # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
+        options.setdefault("num_threads", max(1, int(num_cpus)))
+        self.name = name
+        self.role = role
+        self._kv_events: deque[KVEvent] = deque()
+        self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
+        self.streams = TokenStreams()
+        self.host = host_info()
+        self.started_at = time.time()
+        self.metrics = NodeMetrics()  # records nothing outside Ray
+        self._tick, self._on_outputs = tick, on_outputs
+        self.loop = EngineLoop(self.engine, self._tick_and_flush, self._outputs_and_flush, self._on_crash, name)
+        self._conductor_link: ConductorLink | None = None
+
+    def start(self) -> None:
+        """Start the engine thread (once the role has built its stages)."""
+        self.loop.start()
+
+    def transfer_config(self, options: dict | None) -> TransferConfig:
+        """The node's kvtransfer options; sockets bind to the node's own IP unless told otherwise, so
+        peers on other machines reach them (loopback would only serve one box)."""
+        return TransferConfig(**{"host": self.host.ip, **(options or {})})
+
+    # -- from the actor's event loop ----------------------------------------------------------------
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the engine thread, awaited."""
+        return await self.loop.acall(fn, *args)
+
+    def info(self, **extra: Any) -> dict:
+        """ready(): identity and shape; answered only once the engine loaded."""
+        return {"name": self.name, "role": self.role, "host": self.host, "num_blocks": self.engine.num_blocks,
+                "block_size": self.engine.config.block_size, **extra}
+
+    async def stream(self, req: NodeRequest, add: Callable[[NodeRequest], None],
+                     abort: Callable[[str], None]) -> StreamEnd:
+        """Open the request's token stream to req.reply_address, add(req) on the engine thread, and
+        return once the request ended, however it ended. Cancelling the call aborts the request."""
+        reply = Reply()
+        try:
+            await self.loop.acall(self._open_stream, req, reply, add)
+            return await reply.wait()
+        except asyncio.CancelledError:
+            self.loop.call(abort, req.request_id)
+            raise
+
+    async def attach_conductor(self, conductor: Any, node: LinkedNode) -> None:
+        """Register `node` (the actor object) with the Conductor, then keep it informed: KV events,
+        load reports (heartbeats)."""
+        import ray
+
+        if self._conductor_link is not None:
+            self._conductor_link.stop()
+        self._conductor_link = ConductorLink(node, conductor, ray.get_runtime_context().current_actor)
+        await self._conductor_link.register()
+        self._conductor_link.start()
+
+    def shutdown(self) -> None:
+        """Stop the Conductor link and the engine thread; the role closes its own endpoints after."""
+        if self._conductor_link is not None:
+            self._conductor_link.stop()
+        self.loop.stop()
+        if not self.loop.running:  # the sockets belong to the engine thread while it runs
+            self.streams.close()
+
+    # -- engine thread ----------------------------------------------------------------------------
+    def load_report(self, waiting: int = 0, queued_tokens: int = 0, inflight: int = 0,
+                    stats: dict | None = None) -> LoadReport:
+        """The engine's load plus what the role's stages hold outside it (`waiting` requests with
+        `queued_tokens` prompt tokens; `inflight` KV handoffs); also feeds the node's metrics."""
+        load = self.engine.load()
+        report = LoadReport(
+            node_name=self.name, role=self.role, queued_prefill_tokens=load.queued_prefill_tokens + queued_tokens,
+            waiting=load.waiting + waiting, running=load.running, free_blocks=load.free_blocks,
+            total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=inflight,
+            step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time())
+        self.metrics.observe(report, stats)
+        return report
+
+    def stats(self, **extra: Any) -> dict:
+        return {"name": self.name, "role": self.role, **self.engine.stats(),
+                "stream_messages": self.streams.num_messages, "stream_dropped": self.streams.num_dropped, **extra}
+
+    def check_idle(self, **extra: Any) -> dict:
+        """Assert the engine's block accounting adds up; what is still held (zeros when idle)."""
+        self.engine.check_block_integrity()
+        return {"requests": len(self.engine.requests), "reservations": len(self.engine.reservations),
+                "streams": len(self.streams.open_ids()), **extra}
+
+    def drain_kv_events(self) -> KVEventBatch:
+        events = tuple(self._kv_events)
+        self._kv_events.clear()
+        return KVEventBatch(self.name, events)
+
+    def kv_snapshot(self) -> tuple[int, list]:
+        """(last KV event seq, BlockStored per cached block); buffered events are superseded by it."""
+        self._kv_events.clear()
+        return self.engine.prefix_cache.snapshot()
+
+    def _open_stream(self, req: NodeRequest, reply: Reply, add: Callable[[NodeRequest], None]) -> None:
+        if not self.streams.open(req.request_id, req.reply_address, reply):
+            return
+        try:
+            add(req)
+        except Exception as e:  # a bug, not a bad request: still end the stream, so the caller hears
+            log.exception("adding request %s failed", req.request_id)
+            self.streams.push(TokenChunk(req.request_id, (), finished=True, error=f"node {self.name}: {e!r}"))
+
+    def _tick_and_flush(self) -> bool:
+        busy = self._tick()
+        self.streams.flush()  # what the calls and the tick produced: final chunks, first tokens
+        return busy
+
+    def _outputs_and_flush(self, outputs: list[StepOutput]) -> None:
+        self._on_outputs(outputs)
+        self.streams.flush()  # one message per caller per step
+
+    def _on_crash(self, e: BaseException) -> None:
+        self.streams.end_all(f"node {self.name} crashed: {e!r}")

@@ -1,0 +1,49 @@
+"""A started system is stopped with everything under it, checked by pid: also a child that ignores
+SIGTERM and one that left the process group (as Ray's workers do), and also when it fails to start."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from raypd.benchmarks.serve.systems import Launched, LaunchError, free_port
+
+# Serves GET /v1/models after starting two children: one in the group that ignores SIGTERM, one in a
+# session of its own that SIGTERM to the group cannot reach.
+FAKE_SYSTEM = textwrap.dedent("""
+    import http.server, json, subprocess, sys
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    subprocess.Popen([sys.executable, "-c", ignore])
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def test_stop_leaves_no_process(tmp_path):
+    port = free_port()
+    sysm = Launched.start("fake", [sys.executable, "-c", FAKE_SYSTEM, str(port)], port, tmp_path / "fake.log")
+    try:
+        sysm.wait_ready(60)
+        sysm.remember()
+        pids = set(sysm.seen)
+        assert len(pids) >= 3, sysm.log_tail()
+    finally:
+        left = sysm.stop(grace_s=2)
+    assert left == []
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_failed_start_is_reported_and_stopped(tmp_path):
+    port = free_port()
+    sysm = Launched.start("broken", [sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"], port,
+                          tmp_path / "broken.log")
+    with pytest.raises(LaunchError, match="exited with 3(.|\n)*no model here"):
+        sysm.wait_ready(60)
+    assert sysm.stop(grace_s=1) == []
