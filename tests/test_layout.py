@@ -159,6 +159,8 @@ def test_nothing_reads_or_links_outside_the_repository():
         path = REPO / name
         if not path.exists() and not path.is_symlink():  # deleted in the work tree, not yet committed
             continue
+        if path == Path(__file__).resolve():  # this test names the paths it looks for
+            continue
         if path.is_symlink():
             if REPO not in path.resolve().parents:
                 offenders.append(f"{name} links outside")
