@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import secrets
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -63,12 +65,19 @@ class Conductor:
         self._resyncing: set[str] = set()
         self._copies: set[asyncio.Task] = set()
         self.copies_ok = self.copies_failed = 0
+        self.instance_id = secrets.token_hex(8)  # new for every incarnation (Ray restarts this actor)
 
     # -- node-facing --------------------------------------------------------------------------
     async def register_node(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
-                            bootstrap_address: str = "") -> int:
+                            bootstrap_address: str = "", kv_seq: int = 0) -> int:
+        """`kv_seq`: the node's last KV event so far. Above 0 the node already caches blocks this
+        actor never saw (it restarted and the nodes outlived it, or the node re-registers after a
+        Conductor outage): its cache is re-read from a snapshot at once rather than at its next event."""
         self._ensure_loop()
-        return self.core.register_node(name, role, host, handle, bootstrap_address).slot
+        slot = self.core.register_node(name, role, host, handle, bootstrap_address).slot
+        if kv_seq > 0 and handle is not None:
+            self._start_resync(name)
+        return slot
 
     async def heartbeat(self, name: str) -> None:
         self.core.heartbeat(name)
@@ -92,13 +101,15 @@ class Conductor:
 
     # -- caller-facing ------------------------------------------------------------------------
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
-                    block_hashes: dict[int, list[int]] | None = None) -> RouteDecision:
+                    block_hashes: dict[int, list[int]] | None = None,
+                    exclude: Sequence[str] = ()) -> RouteDecision:
         """The decision for one request; raises AdmissionRejected / NoCandidateError (Ray re-raises
         them as instances of the same classes). A fetch (Branch B) is carried out before the
         decision returns, since the estimate put it ahead of the prefill; if it fails the decision
-        falls back to the target's own cache. `block_hashes`: see ConductorCore.route."""
+        falls back to the target's own cache. `block_hashes`: see ConductorCore.route. `exclude`:
+        nodes the caller will not use (a retry's failed node, a node its circuit breaker holds out)."""
         self._ensure_loop()
-        d = self.core.route(request_id, prompt_token_ids, block_hashes=block_hashes)
+        d = self.core.route(request_id, prompt_token_ids, block_hashes=block_hashes, exclude=exclude)
         if d.fetch is not None:
             ok = await self._copy_prefix(d.fetch.source, d.fetch.target, list(prompt_token_ids[:d.fetch.num_tokens]))
             if not ok:
@@ -118,7 +129,10 @@ class Conductor:
         return self.core.recent_decisions(n)
 
     async def status(self) -> dict:
+        """The core's status plus this incarnation's id (a restart changes it) and copy counts."""
         st = self.core.status()
+        st["instance_id"] = self.instance_id
+        st["pid"] = os.getpid()
         st["copies"] = {"ok": self.copies_ok, "failed": self.copies_failed}
         return st
 
@@ -245,7 +259,11 @@ def start_conductor(name: str = DEFAULT_NAME, *, namespace: str | None = None, d
     """Create the named Conductor actor, or return the running one of that name."""
     import ray
 
-    opts: dict[str, Any] = {"name": name, "get_if_exists": True, "num_cpus": 0, "max_concurrency": 1000}
+    # Restarted by Ray whenever it dies: it holds only what the nodes can tell it again (they
+    # re-register and re-send their caches, see register_node), and the ingress routes without it
+    # meanwhile (cluster/client/conductor_router.py).
+    opts: dict[str, Any] = {"name": name, "get_if_exists": True, "num_cpus": 0, "max_concurrency": 1000,
+                            "max_restarts": -1}
     if namespace:
         opts["namespace"] = namespace
     if detached:

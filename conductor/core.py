@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -149,7 +149,7 @@ class ConductorCore:
 
     # -- routing ------------------------------------------------------------------------------
     def route(self, request_id: str, prompt_token_ids: Sequence[int], now: float | None = None,
-              block_hashes: dict[int, list[int]] | None = None) -> RouteDecision:
+              block_hashes: dict[int, list[int]] | None = None, exclude: Collection[str] = ()) -> RouteDecision:
         """Choose (prefill, decode) for one request. Raises AdmissionRejected when an SLO is set
         and the best estimate breaks it, NoCandidateError when no node can serve.
 
@@ -162,8 +162,10 @@ class ConductorCore:
             block_hashes = None   # hashed for other block sizes than the nodes use: redo it here
         indexed = self.index.match(prompt_token_ids, self.registry.num_slots, block_hashes)
         match = self._with_pending(indexed, now)
+        excluded = np.array(sorted(self.registry.get(n).slot for n in exclude if n in self.registry), dtype=np.int64)
         view = RoutingView(request_id, len(prompt_token_ids), match, now, self.table, self.topology,
-                           self.prefill_model, self.decode_model, self.config, self._names, held=indexed)
+                           self.prefill_model, self.decode_model, self.config, self._names, held=indexed,
+                           excluded=excluded)
         d = self.policy.route(view)
         d.decided_at = now
         cfg = self.config

@@ -25,7 +25,7 @@ class EngineConfig:
     # device; the reference path). "native": require both, error if unavailable. "auto": each one
     # where it applies, else torch.
     cpu_kernels: Literal["auto", "native", "torch"] = "auto"
-    seed: int = 0  # seeds the per-request generators of requests that bring no seed
+    seed: int = 0  # draws the sampling seed of each request that brings none
     # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
     # each step, jumps back after a retraction). Lower admits more and risks retraction.
     init_new_token_ratio: float = 0.7

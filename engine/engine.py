@@ -149,6 +149,9 @@ class LLMEngine:
         ids = list(prompt_token_ids)
         if not ids:
             raise InvalidRequestError("prompt is empty", "prompt")
+        if params.num_replayed_tokens >= len(ids):
+            raise InvalidRequestError(f"num_replayed_tokens ({params.num_replayed_tokens}) must be less than the "
+                                      f"prompt length ({len(ids)})", "num_replayed_tokens")
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
@@ -212,9 +215,7 @@ class LLMEngine:
         req.block_table = self.reservations.pop(key)
         req.num_computed_tokens = req.num_prompt_tokens
         req.num_cached_tokens = num_cached_tokens
-        req.token_ids.append(first_token)
-        if not params.greedy:
-            self.sampler.skip_draw(req, self.model_config.vocab_size)  # the prefill node drew the first token
+        req.token_ids.append(first_token)  # the prefill node drew it; this engine draws the next position
         self.requests[request_id] = req
         self.scheduler.add_running(req)
         return self._emit(req, first_token)

@@ -78,6 +78,13 @@ class Request:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
+    def generated_token_ids(self) -> list[int]:
+        """The tokens this request generated over all its attempts: the prompt's last
+        params.num_replayed_tokens (an earlier attempt generated them; failover re-submitted them
+        as prompt) and this attempt's outputs. Presence and frequency penalties count these."""
+        return self.token_ids[self.num_prompt_tokens - self.params.num_replayed_tokens:]
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 

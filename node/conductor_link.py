@@ -48,18 +48,35 @@ class ConductorLink:
         self.call_timeout_s = call_timeout_s
         self.registered = False
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run())
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
 
+    def report_failed(self, reason: str) -> None:
+        """The node can serve no more (its engine crashed): tell the Conductor now rather than let it
+        wait for the heartbeat timeout, and stop the link so the node never registers again. Safe
+        from any thread."""
+        try:
+            self.conductor.mark_dead.remote(self.node.name, reason)
+        except Exception as e:  # noqa: BLE001 - the Conductor may be away; heartbeats expire anyway
+            log.warning("could not report %s failed to the Conductor: %s", self.node.name, e)
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self.stop)
+            except RuntimeError:  # the loop is closed: the task is gone with it
+                pass
+
     async def register(self) -> None:
         info = await self.node.ready()
         await self._call(self.conductor.register_node.remote(
-            self.node.name, self.node.role, self.node.host, self.self_handle, info.get("bootstrap_address", "")))
+            self.node.name, self.node.role, self.node.host, self.self_handle, info.get("bootstrap_address", ""),
+            info.get("kv_seq", 0)))
         self.registered = True
 
     async def _run(self) -> None:

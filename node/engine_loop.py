@@ -26,6 +26,10 @@ class NodeCrashedError(RuntimeError):
     """The engine thread died; the node serves no more requests."""
 
 
+class InjectedCrash(RuntimeError):
+    """Raised on the engine thread by inject_crash(): chaos tests crash a node's engine for real."""
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine, tick: Callable[[], bool], on_outputs: Callable[[list[StepOutput]], None],
                  on_crash: Callable[[BaseException], None], name: str,
@@ -39,6 +43,7 @@ class EngineLoop:
         self._stop = threading.Event()
         self._busy_poll_s, self._idle_poll_s = busy_poll_s, idle_poll_s
         self.crashed: BaseException | None = None
+        self._crash_requested: str | None = None
         # Moving averages the load report and the Conductor's prefill-time model use.
         self.step_time_s = 0.0
         self.tokens_per_s = 0.0
@@ -56,10 +61,18 @@ class EngineLoop:
             return fut
         self._calls.put((fn, args, fut))
         self._wake.set()
+        if self.crashed is not None:  # it crashed while we queued: nobody will run the call
+            self._fail_pending_calls(self.crashed)
         return fut
 
     async def acall(self, fn: Callable, *args, timeout: float = 60.0):
         return await asyncio.wait_for(asyncio.wrap_future(self.call(fn, *args)), timeout)
+
+    def inject_crash(self, reason: str = "injected engine crash") -> None:
+        """Make the engine thread raise InjectedCrash at its next turn, as a bug in a step would
+        (the chaos benchmark and the failure tests use this; nothing in serving calls it)."""
+        self._crash_requested = reason
+        self._wake.set()
 
     @property
     def running(self) -> bool:
@@ -75,6 +88,8 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                if self._crash_requested is not None:
+                    raise InjectedCrash(self._crash_requested)
                 self._run_calls()
                 busy = self._tick()
                 if self.engine.has_unfinished():

@@ -60,6 +60,10 @@ class MixedNode:
     async def attach_conductor(self, conductor) -> None:
         await self.core.attach_conductor(conductor, self)
 
+    async def crash_engine(self) -> None:
+        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
+        self.core.crash_engine()
+
     async def shutdown(self) -> None:
         self.core.shutdown()
 

@@ -5,13 +5,22 @@ every step), a buffer of the engine's KV events, where the actor runs (HostInfo)
 A role class owns one NodeCore and its own stages; it hands the core two callables, `tick` (advance
 the stages; True while transfers need fast polling) and `on_outputs` (deliver a step's outputs), and
 writes its Ray-callable methods with the pieces here. Nothing here knows which role it serves.
-Only host.py (which asks Ray only when it is initialized) and attach_conductor() touch Ray, so a node
-constructs and runs in a plain process.
+Only host.py (which asks Ray only when it is initialized), attach_conductor() and a crash touch Ray,
+so a node constructs and runs in a plain process.
+
+An engine-thread crash ends the node for good, in this order: every open token stream gets an error
+final chunk, every pending one-shot reply (prefill, prefix copies) fails with NodeCrashedError,
+ready() and every engine call fail from then on, the Conductor is told the node is dead, and, inside
+Ray, the actor kills itself with restart allowed, so Ray starts a fresh incarnation while the
+actor's max_restarts lasts (the node pool then re-attaches it). A crashed node never answers
+"ready" and never re-registers as idle.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +30,7 @@ from raypd.engine.engine import LLMEngine
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer.config import TransferConfig
 from raypd.node.conductor_link import ConductorLink, LinkedNode
-from raypd.node.engine_loop import EngineLoop
+from raypd.node.engine_loop import EngineLoop, NodeCrashedError
 from raypd.node.host import host_info
 from raypd.node.node_metrics import NodeMetrics
 from raypd.node.streams import Reply, TokenStreams
@@ -30,6 +39,8 @@ from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, Strea
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
+
+RESTART_AFTER_CRASH_S = 0.5  # lets the error chunks and failed replies leave before the process goes
 
 
 def _no_tick() -> bool:
@@ -50,6 +61,9 @@ class NodeCore:
         self.streams = TokenStreams()
         self.host = host_info()
         self.started_at = time.time()
+        self.instance_id = secrets.token_hex(8)  # new for every incarnation of the actor (Ray restarts)
+        self._replies: set[Reply] = set()        # one-shot replies still unanswered
+        self._replies_lock = threading.Lock()    # added on the actor's loop, failed from the engine thread
         self.metrics = NodeMetrics()  # records nothing outside Ray
         self._tick, self._on_outputs = tick, on_outputs
         self.loop = EngineLoop(self.engine, self._tick_and_flush, self._outputs_and_flush, self._on_crash, name)
@@ -69,10 +83,34 @@ class NodeCore:
         """fn(*args) on the engine thread, awaited."""
         return await self.loop.acall(fn, *args)
 
+    def reply(self) -> Reply:
+        """A one-shot reply for a Ray call that the engine thread answers; failed if the engine crashes."""
+        reply = Reply()
+        if self.loop.crashed is not None:
+            reply.fail(NodeCrashedError(f"node {self.name}: engine thread crashed: {self.loop.crashed!r}"))
+            return reply
+        with self._replies_lock:
+            self._replies.add(reply)
+        return reply
+
+    async def wait(self, reply: Reply) -> Any:
+        try:
+            return await reply.wait()
+        finally:
+            with self._replies_lock:
+                self._replies.discard(reply)
+
     def info(self, **extra: Any) -> dict:
-        """ready(): identity and shape; answered only once the engine loaded."""
+        """ready(): identity and shape; answered only once the engine loaded, and never after a crash."""
+        if self.loop.crashed is not None:
+            raise NodeCrashedError(f"node {self.name}: engine thread crashed: {self.loop.crashed!r}")
         return {"name": self.name, "role": self.role, "host": self.host, "num_blocks": self.engine.num_blocks,
-                "block_size": self.engine.config.block_size, **extra}
+                "block_size": self.engine.config.block_size, "instance_id": self.instance_id,
+                "started_at": self.started_at, "kv_seq": self.engine.prefix_cache.event_seq, **extra}
+
+    def crash_engine(self, reason: str = "injected engine crash") -> None:
+        """Crash the engine thread for real (chaos tests); the node then fails as after any crash."""
+        self.loop.inject_crash(reason)
 
     async def stream(self, req: NodeRequest, add: Callable[[NodeRequest], None],
                      abort: Callable[[str], None]) -> StreamEnd:
@@ -158,4 +196,30 @@ class NodeCore:
         self.streams.flush()  # one message per caller per step
 
     def _on_crash(self, e: BaseException) -> None:
+        """Engine thread, once, as it dies (see the module docstring for the order)."""
         self.streams.end_all(f"node {self.name} crashed: {e!r}")
+        error = NodeCrashedError(f"node {self.name}: engine thread crashed: {e!r}")
+        with self._replies_lock:
+            pending, self._replies = self._replies, set()
+        for reply in pending:
+            reply.fail(error)
+        if self._conductor_link is not None:
+            self._conductor_link.report_failed(f"engine crashed: {e!r}")
+        self._restart_actor()
+
+    def _restart_actor(self) -> None:
+        """Inside Ray: kill this actor with restart allowed, shortly (replies must leave first)."""
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return
+            me = ray.get_runtime_context().current_actor
+        except Exception:  # noqa: BLE001 - not an actor (a plain process, a test): nothing to restart
+            return
+
+        def kill() -> None:
+            log.error("node %s: engine crashed; restarting the actor", self.name)
+            ray.kill(me, no_restart=False)
+
+        threading.Timer(RESTART_AFTER_CRASH_S, kill).start()

@@ -43,12 +43,20 @@ class Reply:
         self._future: asyncio.Future = self._loop.create_future()
 
     def set(self, value) -> None:
-        def _set():
+        self._answer(lambda future: future.set_result(value))
+
+    def fail(self, error: BaseException) -> None:
+        """Answer with an exception instead (the engine thread crashed before it could answer)."""
+        self._answer(lambda future: future.set_exception(error))
+
+    def _answer(self, apply) -> None:
+        """apply(future) on the loop, once: the first answer wins, later ones are dropped."""
+        def _apply():
             if not self._future.done():
-                self._future.set_result(value)
+                apply(self._future)
         try:
-            self._loop.call_soon_threadsafe(_set)
-        except RuntimeError:
+            self._loop.call_soon_threadsafe(_apply)
+        except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
     async def wait(self, timeout: float | None = None):

@@ -62,9 +62,9 @@ class PrefillNode:
     # -- Ray-callable ---------------------------------------------------------------------------------
     async def prefill(self, req: NodeRequest) -> PrefillResult:
         """Serve the request's prefill and KV transfer; returns when its room has ended, either way."""
-        reply = Reply()
+        reply = self.core.reply()
         self.core.loop.call(self._add, req, reply)
-        return await reply.wait()
+        return await self.core.wait(reply)
 
     async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
         await self.core.call(self._abort, request_id, reason)
@@ -72,15 +72,15 @@ class PrefillNode:
     # -- Ray-callable: prefix copies for the Conductor (prefix_copy.py) -------------------------------
     async def export_prefix(self, token_ids: list[int], room: int, target_node: str = "") -> PrefillResult:
         """Write the cached blocks of token_ids to the node importing room `room`."""
-        reply = Reply()
+        reply = self.core.reply()
         self.core.loop.call(self.copies.export, list(token_ids), room, reply)
-        return await reply.wait()
+        return await self.core.wait(reply)
 
     async def import_prefix(self, token_ids: list[int], room: int, source_bootstrap_address: str) -> PrefillResult:
         """Receive the blocks of token_ids from the node exporting room `room` into this prefix cache."""
-        reply = Reply()
+        reply = self.core.reply()
         self.core.loop.call(self.copies.import_, list(token_ids), room, source_bootstrap_address, reply)
-        return await reply.wait()
+        return await self.core.wait(reply)
 
     async def abort_migration(self, room: int) -> None:
         await self.core.call(self.copies.abort, room)
@@ -106,6 +106,10 @@ class PrefillNode:
 
     async def attach_conductor(self, conductor) -> None:
         await self.core.attach_conductor(conductor, self)
+
+    async def crash_engine(self) -> None:
+        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
+        self.core.crash_engine()
 
     async def shutdown(self) -> None:
         self.core.shutdown()

@@ -44,6 +44,9 @@ class TokenChunk:
     error: str | None = None
     num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (prefill side's in PD)
     timings: dict = field(default_factory=dict)  # on the last chunk: seconds per lifecycle phase
+    # On an error final: the node the caller's driver holds responsible (retries avoid it, circuit
+    # breakers count it). Set on the caller's side only; never on the wire.
+    failed_node: str = ""
 
     def to_wire(self) -> list:
         return [self.request_id, list(self.token_ids), self.finished, self.finish_reason, self.error,

@@ -2,11 +2,15 @@
 
     raypd bench serve --systems raypd-pd,llamacpp --dataset gsp --sweep --json out.json
                                             the served system over HTTP against another server
+    raypd bench chaos --duration 180 --prefill-nodes 2 --decode-nodes 2 --kill-every 30 --json out.json
+                                            nodes and the Conductor killed under load, outputs
+                                            checked against a fault-free run
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
     raypd bench engine --json out.json      single-engine throughput vs transformers
     raypd bench routing ...                 Conductor policies on a replayed trace (simulator)
     raypd bench conductor ...               Conductor decision latency at scale
+    raypd bench conductor-failover ...      how fast a killed Conductor routes again and regains its hit rate
 """
 from __future__ import annotations
 
@@ -16,12 +20,13 @@ import importlib
 BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmarks.kv_transfer",
               "engine": "raypd.benchmarks.engine_throughput", "routing": "raypd.benchmarks.routing_sim",
               "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead",
-              "serve": "raypd.benchmarks.serve.main"}
+              "serve": "raypd.benchmarks.serve.main", "chaos": "raypd.benchmarks.chaos.main",
+              "conductor-failover": "raypd.benchmarks.conductor_failover"}
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (serve, pd, transfer, engine, routing, conductor, streaming)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, pd, transfer, engine, routing, conductor, "
+                                     "streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")
     p.set_defaults(run=run_bench)

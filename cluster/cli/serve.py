@@ -63,6 +63,12 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--metrics-export-port", type=int, default=None,
                    help="Ray's Prometheus endpoint port, e.g. 8080: not in 10002-19999 (local Ray only)")
     p.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
+    p.add_argument("--max-node-restarts", type=int, default=10,
+                   help="Ray restarts a node actor that died up to this many times (default 10; 0: never)")
+    p.add_argument("--retry-limit", type=int, default=3,
+                   help="re-routes of a request whose node failed before its first token (default 3)")
+    p.add_argument("--migration-limit", type=int, default=3,
+                   help="replays of a request whose decode node failed mid-stream, on a live pair (default 3)")
     add_engine_args(p)
     p.set_defaults(run=run_serve)
 
@@ -79,7 +85,8 @@ def config_from_args(args):
         place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options={"backend": args.transfer_backend}, policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
-        ingress_replicas=args.ingress_replicas)
+        ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
+        retry_limit=args.retry_limit, migration_limit=args.migration_limit)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -1,47 +1,93 @@
-"""ConductorRouter: the routing seam answered by the Conductor actor.
+"""ConductorRouter: the routing seam answered by the Conductor actor, with a local fallback.
 
 route() asks the Conductor for a decision (its policy weighs cache matches, load and topology) and
-maps the chosen node names back to the handles the driver knows. After the request, delivered()
-tells the Conductor how many prompt tokens the prefill node actually served from cache, so it can
-compare them with its prediction. Mixed nodes serve a request alone: the prefill choice is used.
+maps the chosen node names to the current handles of the caller's NodeSet. After the request,
+delivered() tells the Conductor how many prompt tokens the prefill node actually served from cache,
+so it can compare them with its prediction. Mixed nodes serve a request alone: the prefill choice
+is used.
+
+While the Conductor is away - the node pool's probe says it is not live, a call fails, or it does
+not answer within `timeout_s` - the request is routed by `fallback` (local_router.py) instead, and
+the Conductor is skipped for `away_s` after a failure, so requests do not each wait out the
+deadline. A decision naming a node this caller does not see live is routed by the fallback too.
+Only AdmissionRejected (429) passes through: that is the Conductor's answer, not its absence.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
+from raypd.cluster.client.local_router import LocalRouter
+from raypd.cluster.client.membership import MemberState
 from raypd.cluster.client.node_handles import NodeHandle
-from raypd.cluster.client.router import NoNodeError, Route, Router
-from raypd.conductor.errors import NoCandidateError
+from raypd.cluster.client.node_set import NodeSet
+from raypd.cluster.client.router import Route, Router
+from raypd.conductor.errors import AdmissionRejected
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
 
 class ConductorRouter(Router):
-    def __init__(self, conductor, nodes: Sequence[NodeHandle], timeout_s: float = 10.0):
+    def __init__(self, conductor, nodes: NodeSet | Sequence[NodeHandle], timeout_s: float = 5.0,
+                 away_s: float = 1.0, fallback: Router | None = None):
         self.conductor = conductor
-        self.nodes = {n.name: n for n in nodes}
+        self.nodes = NodeSet.of(nodes)
         self.timeout_s = timeout_s
+        self.away_s = away_s
+        self.fallback = fallback or LocalRouter(self.nodes)
+        self._away_until = 0.0
+        self.num_fallbacks = 0
 
-    async def route(self, request_id: str, prompt_token_ids: Sequence[int]) -> Route:
+    async def route(self, request_id: str, prompt_token_ids: Sequence[int],
+                    exclude: frozenset[str] = frozenset()) -> Route:
+        if not self._conductor_usable():
+            return await self._fall_back(request_id, prompt_token_ids, exclude, "the Conductor is away")
         try:
-            d = await asyncio.wait_for(self.conductor.route.remote(request_id, list(prompt_token_ids)), self.timeout_s)
-        except NoCandidateError as e:
-            raise NoNodeError(str(e)) from e
-        except asyncio.TimeoutError as e:
-            raise NoNodeError(f"the Conductor did not answer within {self.timeout_s:.0f}s") from e
-        try:
-            prefill = self.nodes[d.prefill_node]
-            decode = self.nodes[d.decode_node]
-        except KeyError as e:
-            raise NoNodeError(f"the Conductor chose node {e.args[0]!r}, unknown to this caller") from e
+            d = await asyncio.wait_for(
+                self.conductor.route.remote(request_id, list(prompt_token_ids), None, sorted(exclude)), self.timeout_s)
+        except AdmissionRejected:
+            raise
+        except asyncio.TimeoutError:
+            self._away_until = time.monotonic() + self.away_s
+            return await self._fall_back(request_id, prompt_token_ids, exclude,
+                                         f"the Conductor did not answer within {self.timeout_s:g}s")
+        except Exception as e:  # noqa: BLE001 - dead, restarting, no candidate it knows of yet: route locally
+            if not _is_no_candidate(e):
+                self._away_until = time.monotonic() + self.away_s
+            return await self._fall_back(request_id, prompt_token_ids, exclude, f"{type(e).__name__}: {e}")
+        prefill, decode = self.nodes.get(d.prefill_node), self.nodes.get(d.decode_node)
+        live = {n.name for n in self.nodes.live()}
+        if prefill is None or decode is None or not {prefill.name, decode.name} <= live:
+            return await self._fall_back(request_id, prompt_token_ids, exclude,
+                                         f"the Conductor chose {d.prefill_node}/{d.decode_node}, not live here")
         return Route(prefill) if prefill.role == Role.MIXED else Route(prefill, decode)
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
+        if not self._conductor_usable():
+            return
         try:
             await asyncio.wait_for(self.conductor.report_delivered.remote(request_id, num_cached_tokens),
                                    self.timeout_s)
         except Exception as e:  # noqa: BLE001 - bookkeeping only; the request already ended
             log.debug("report_delivered(%s) failed: %s", request_id, e)
+
+    def _conductor_usable(self) -> bool:
+        state = self.nodes.membership.conductor_state
+        return time.monotonic() >= self._away_until and state in (MemberState.LIVE, MemberState.NONE)
+
+    async def _fall_back(self, request_id: str, prompt_token_ids: Sequence[int], exclude: frozenset[str],
+                         why: str) -> Route:
+        self.num_fallbacks += 1
+        if self.num_fallbacks == 1 or self.num_fallbacks % 100 == 0:
+            log.warning("routing locally (%d so far): %s", self.num_fallbacks, why)
+        return await self.fallback.route(request_id, prompt_token_ids, exclude)
+
+
+def _is_no_candidate(e: BaseException) -> bool:
+    """NoCandidateError, also as Ray re-raises it from the actor."""
+    from raypd.conductor.errors import NoCandidateError
+
+    return isinstance(e, NoCandidateError) or isinstance(getattr(e, "cause", None), NoCandidateError)

@@ -6,7 +6,9 @@ node's generate(). Tokens come over pyzmq to the driver's one TokenReceiver (one
 step per caller: the measured cheap path, see node/streams.py); the request's end and a node's
 death come over Ray, as the generate() call's return or error. Whatever happens - a node dies,
 nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
-final chunk, and both nodes are told to abort a request that did not end there.
+final chunk, and both nodes are told to abort a request that did not end there (also the prefill
+side when the decode side failed: nothing waits for heartbeats to free it). An error final names
+the node held responsible (TokenChunk.failed_node), which the caller's retries avoid.
 Callers pass the nodes their Router chose (client/router.py); the driver itself never picks one.
 """
 from __future__ import annotations
@@ -16,11 +18,12 @@ import logging
 import secrets
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
+from dataclasses import replace
 
 import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
-from raypd.cluster.client.token_receiver import TokenReceiver
+from raypd.cluster.client.token_receiver import TokenReceiver, TokenStream
 from raypd.protocol.messages import NodeRequest, PrefillResult, TokenChunk
 from raypd.protocol.roles import Role
 from raypd.protocol.sampling_params import SamplingParams
@@ -61,29 +64,53 @@ class RequestDriver:
                 raise ValueError(f"{prefill.name} is a {prefill.role} node: it needs a decode node")
             req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
                               reply_address=self.receiver.address)
-            async with aclosing(self._relay(prefill, req, also_abort=None)) as chunks:
+            async with aclosing(self._relay(prefill, req, self.receiver.open(req.request_id), None)) as chunks:
                 async for chunk in chunks:
-                    yield chunk
+                    yield replace(chunk, failed_node=prefill.name) if chunk.error else chunk
             return
         req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
                           bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address)
         prefill_ref = prefill.actor.prefill.remote(req)
         final: TokenChunk | None = None
-        async with aclosing(self._relay(decode, req, also_abort=(prefill, prefill_ref))) as chunks:
-            async for chunk in chunks:  # closed at once if our caller stops reading: that aborts
-                if chunk.finished:
-                    final = chunk
-                else:
-                    yield chunk
-        assert final is not None  # relay() always ends with a final chunk
-        yield await self._with_prefill_timings(final, prefill_ref)
-
-    async def _relay(self, node: NodeHandle, req: NodeRequest,
-                     also_abort: tuple[NodeHandle, ray.ObjectRef] | None) -> AsyncGenerator[TokenChunk, None]:
-        """The request's chunks from node.generate(), the last one final. If the request did not end
-        on the node (the caller stopped reading, a timeout, an error here), abort it there and on
-        `also_abort`, the prefill side: (node, its prefill() ref)."""
         stream = self.receiver.open(req.request_id)
+        # A prefill node that dies before the KV is handed over would leave the decode side waiting
+        # for its heartbeat timeout: abort the decode side as soon as the prefill() call fails.
+        watch = asyncio.ensure_future(_outcome(prefill_ref))
+        prefill_died = asyncio.Event()
+
+        def on_prefill_end(fut: asyncio.Future) -> None:
+            if not fut.cancelled() and isinstance(fut.result(), ray.exceptions.RayError) and stream.received == 0:
+                prefill_died.set()
+                _fire(decode.actor.abort.remote(req.request_id))
+        watch.add_done_callback(on_prefill_end)
+        try:
+            async with aclosing(self._relay(decode, req, stream, also_abort=(prefill, prefill_ref))) as chunks:
+                async for chunk in chunks:  # closed at once if our caller stops reading: that aborts
+                    if chunk.finished:
+                        final = chunk
+                    else:
+                        yield chunk
+        finally:
+            watch.remove_done_callback(on_prefill_end)
+        assert final is not None  # relay() always ends with a final chunk
+        if prefill_died.is_set() and final.finish_reason == "abort":
+            final = replace(final, finish_reason=None, error=f"prefill node {prefill.name} failed: "
+                                                              f"{type(watch.result()).__name__}")
+        if final.error:  # the decode side is over: free the prefill side now, whatever it holds
+            _fire(prefill.actor.abort.remote(req.request_id))
+        final, prefill_failed = await self._with_prefill_timings(final, prefill_ref)
+        if final.error:
+            # The stream's own failure (the decode node died or fell silent) is the decode node's;
+            # an error the decode node reported is the prefill node's when that one failed too.
+            blame = prefill if prefill_failed and not stream.stream_failed else decode
+            final = replace(final, failed_node=blame.name)
+        yield final
+
+    async def _relay(self, node: NodeHandle, req: NodeRequest, stream: TokenStream,
+                     also_abort: tuple[NodeHandle, ray.ObjectRef] | None) -> AsyncGenerator[TokenChunk, None]:
+        """The request's chunks from node.generate() through `stream` (opened for it), the last one
+        final. If the request did not end on the node (the caller stopped reading, a timeout, an
+        error here), abort it there and on `also_abort`, the prefill side: (node, its prefill() ref)."""
         end = node.actor.generate.remote(req)
         try:
             async with aclosing(stream.relay(end, node.name, self.chunk_timeout_s, self.stream_tail_s)) as chunks:
@@ -98,20 +125,30 @@ class RequestDriver:
                     _fire(prefill.actor.abort.remote(req.request_id))
                     _fire(prefill_ref)
 
-    async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> TokenChunk:
+    async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> tuple[TokenChunk, bool]:
         """Merge the prefill node's phase timings into the final chunk (bounded wait: the decode side
-        has already ended, so a live prefill node answers at once)."""
+        has already ended, so a live prefill node answers at once); and whether the prefill node
+        failed (its call raised: it died or its engine crashed)."""
         try:
             result: PrefillResult = await asyncio.wait_for(prefill_ref, self.prefill_wait_s)
-        except (asyncio.TimeoutError, ray.exceptions.RayError):
-            return final
+        except asyncio.TimeoutError:
+            return final, False
+        except ray.exceptions.RayError:
+            return final, True
         timings = {**{f"prefill.{k}": v for k, v in result.timings.items()},
                    **{f"decode.{k}": v for k, v in final.timings.items()}}
         error = final.error
         if error and result.error and result.error not in error:
             error = f"{error} (prefill: {result.error})"
-        return TokenChunk(final.request_id, final.token_ids, True, final.finish_reason, error,
-                          final.num_cached_tokens, timings)
+        return replace(final, error=error, timings=timings), False
+
+
+async def _outcome(ref):
+    """The call's result, or the exception it raised (never raises)."""
+    try:
+        return await ref
+    except BaseException as e:  # noqa: BLE001 - handed to the caller as a value
+        return e
 
 
 def _fire(ref) -> None:

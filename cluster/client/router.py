@@ -1,8 +1,11 @@
 """The routing seam: which nodes serve a request, asked once per request before any node is.
 
 Every caller that drives requests (the Serve ingress, `raypd generate --mode pd|mixed`) holds one
-Router, chosen by make_router.py: conductor_router.py's ConductorRouter when a Conductor runs, else
-RoundRobinRouter (here). A router may raise:
+Router, chosen by make_router.py: conductor_router.py's ConductorRouter when a Conductor runs (it
+falls back to local_router.py's LocalRouter while the Conductor is away), else RoundRobinRouter
+(here). Routers choose among the live nodes of a NodeSet (node_set.py), minus `exclude`: the nodes
+the caller will not use for this request (a retry's failed node, nodes its circuit breaker holds
+out). A router may raise:
   - conductor.errors.AdmissionRejected: the SLO admission said no    -> HTTP 429
   - NoNodeError / conductor.errors.NoCandidateError: nothing can serve -> HTTP 503
 (openai/api_errors.api_error maps them.)
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.client.node_set import NodeSet
 from raypd.conductor.policies.round_robin import Rotation
 from raypd.protocol.roles import Role
 
@@ -34,8 +38,9 @@ class Router(ABC):
     contacted; it must not block the event loop, and it returns nodes the driver knows."""
 
     @abstractmethod
-    async def route(self, request_id: str, prompt_token_ids: Sequence[int]) -> Route:
-        """The nodes for this request."""
+    async def route(self, request_id: str, prompt_token_ids: Sequence[int],
+                    exclude: frozenset[str] = frozenset()) -> Route:
+        """The nodes for this request, none of them named in `exclude`."""
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
         """The request's prefill ran and served num_cached_tokens from cache (routers that predict it
@@ -47,17 +52,19 @@ class RoundRobinRouter(Router):
     """Without a Conductor: each role's nodes in turn; PD when prefill and decode nodes run, else
     the mixed nodes."""
 
-    def __init__(self, nodes: Sequence[NodeHandle]):
-        self._nodes = {role: [n for n in nodes if n.role == role] for role in Role}
+    def __init__(self, nodes: NodeSet | Sequence[NodeHandle]):
+        self.nodes = NodeSet.of(nodes)
         self._turns = {role: Rotation() for role in Role}
 
-    async def route(self, request_id: str, prompt_token_ids: Sequence[int]) -> Route:
-        if self._nodes[Role.PREFILL] and self._nodes[Role.DECODE]:
-            return Route(self._next(Role.PREFILL), self._next(Role.DECODE))
-        if self._nodes[Role.MIXED]:
-            return Route(self._next(Role.MIXED))
-        raise NoNodeError("no node is running (neither a prefill + decode pair nor a mixed node)")
+    async def route(self, request_id: str, prompt_token_ids: Sequence[int],
+                    exclude: frozenset[str] = frozenset()) -> Route:
+        live = {role: [n for n in self.nodes.live(role) if n.name not in exclude] for role in Role}
+        if live[Role.PREFILL] and live[Role.DECODE]:
+            return Route(self._next(live, Role.PREFILL), self._next(live, Role.DECODE))
+        if live[Role.MIXED]:
+            return Route(self._next(live, Role.MIXED))
+        raise NoNodeError("no live node can serve (neither a prefill + decode pair nor a mixed node)")
 
-    def _next(self, role: Role) -> NodeHandle:
-        nodes = self._nodes[role]
+    def _next(self, live: dict[Role, list[NodeHandle]], role: Role) -> NodeHandle:
+        nodes = live[role]
         return nodes[self._turns[role].next_index(len(nodes))]

@@ -50,6 +50,7 @@ class TokenStream:
         self.request_id = request_id
         self.received = 0          # tokens arrived, the final chunk's included
         self.node_done = False     # the node's call returned or failed: nothing left to abort there
+        self.stream_failed = False  # the error final is this stream's own: the node died, fell silent, lost tokens
         self._queue: asyncio.Queue = asyncio.Queue()
         self._streams = streams
 
@@ -125,6 +126,7 @@ class TokenStream:
         return merge(partial) if partial else None
 
     def _error(self, error: str) -> TokenChunk:
+        self.stream_failed = True
         return TokenChunk(self.request_id, (), finished=True, error=error)
 
 

@@ -62,6 +62,9 @@ class ClusterSpec:
     policy: str | None = None
     topology_file: str | None = None
     conductor_options: dict = field(default_factory=dict)  # ConductorConfig fields
+    # How many times Ray restarts a node actor that died (SIGKILL, OOM, an engine crash): the same
+    # name and constructor args, a fresh engine; the node pool re-attaches it. 0: a death is final.
+    max_node_restarts: int = 0
 
     def __post_init__(self) -> None:
         if min(self.prefill_nodes, self.decode_nodes, self.mixed_nodes) < 0:
@@ -70,6 +73,8 @@ class ClusterSpec:
             raise ValueError("PD mode needs at least one prefill node and one decode node")
         if self.cpus_per_node <= 0 or self.gpus_per_node < 0:
             raise ValueError("cpus_per_node must be > 0 and gpus_per_node >= 0")
+        if self.max_node_restarts < 0:
+            raise ValueError("max_node_restarts must be >= 0")
 
     def roles(self) -> list[Role]:
         return [Role.PREFILL] * self.prefill_nodes + [Role.DECODE] * self.decode_nodes + [Role.MIXED] * self.mixed_nodes
@@ -183,7 +188,7 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
     placement = {"label_selector": {ROLE_LABEL: role}} if spec.place_by_role else {}
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
-                                     max_concurrency=1000, max_restarts=0, **placement)
+                                     max_concurrency=1000, max_restarts=spec.max_node_restarts, **placement)
     return remote.remote(**kwargs)
 
 

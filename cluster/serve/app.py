@@ -2,12 +2,15 @@
 handlers that give every failure its OpenAI-style body (never FastAPI's {"detail": ...}, never an
 HTML traceback).
 
-    POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health
+    POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+    GET  /health, /health/ready readiness: 200 while every role has a live node (body: each node's state)
+    GET  /health/live           liveness: the process answers
     GET  /admin/nodes           per node: what it still holds (zeros when idle) and its load
 """
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,8 +40,14 @@ def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, 
         return service.models()
 
     @app.get("/health")
+    @app.get("/health/ready")
     async def health():
-        return await _guarded(service.health())
+        ready, body = service.health()
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/health/live")
+    async def liveness():
+        return service.liveness()
 
     @app.get("/admin/nodes")
     async def admin_nodes():

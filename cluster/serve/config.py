@@ -37,6 +37,15 @@ class ServeConfig:
     ingress_replicas: int = 1
     ingress_cpus: float = 0.0             # the nodes do the heavy work; 0 keeps a small box schedulable
     chunk_timeout_s: float = 120.0        # the driver gives up on a node silent for this long
+    # Fault tolerance (docs/architecture.md, "Failure model").
+    max_node_restarts: int = 10           # Ray restarts a dead node actor up to this many times
+    retry_limit: int = 3                  # re-routes of a request that failed before its first token
+    migration_limit: int = 3              # replays of a request whose decode failed after tokens were sent
+    probe_interval_s: float = 1.0         # the node pool's health probes of every node and the Conductor
+    route_timeout_s: float = 5.0          # the Conductor's deadline per decision; then the local fallback
+    breaker_failures: int = 3             # a node failing this many requests within breaker_window_s ...
+    breaker_window_s: float = 30.0
+    breaker_cooldown_s: float = 10.0      # ... leaves routing for this long, then one probe request
     app_name: str = "raypd"
 
     def __post_init__(self) -> None:
@@ -62,6 +71,14 @@ class ServeConfig:
             raise ServeConfigError("max_body_bytes must be >= 1024")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ServeConfigError("default_max_tokens must be >= 1")
+        for name in ("max_node_restarts", "retry_limit", "migration_limit"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ServeConfigError(f"--{name.replace('_', '-')} must be an integer >= 0")
+        if self.breaker_failures < 1:
+            raise ServeConfigError("breaker_failures must be >= 1")
+        if min(self.probe_interval_s, self.route_timeout_s, self.breaker_window_s, self.breaker_cooldown_s) <= 0:
+            raise ServeConfigError("probe_interval_s, route_timeout_s and the breaker times must be > 0")
 
     @classmethod
     def from_args(cls, args: dict) -> ServeConfig:
@@ -87,5 +104,5 @@ class ServeConfig:
         return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,
                            mixed_nodes=self.mixed_nodes, model=self.model, engine_options=dict(self.engine_options),
                            transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
-                           gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name, policy=self.policy,
-                           topology_file=self.topology)
+                           gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name,
+                           policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts)

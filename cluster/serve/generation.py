@@ -7,21 +7,38 @@ closes every driver iterator still open, and the driver then aborts the request 
 
     for each choice:  route -> driver.generate -> detokenize -> stop strings -> ChoiceEvent ...
                                                                                (last one: finish_reason)
+
+A choice survives node failures (docs/architecture.md, "Failure model"): an attempt that ends with
+an error is re-routed around the node the driver blamed (and the nodes this replica's circuit
+breaker holds out).
+  - No token reached the client yet: the same request again, up to `retry_limit` times.
+  - Tokens were streamed: a replay, up to `migration_limit` times. Its prompt is the prompt plus
+    every token generated so far (a prefix-cache hit where the prompt was cached), max_tokens is
+    what is left, and num_replayed_tokens tells the engine that those tokens were output (for
+    penalties). Sampling noise is a function of (seed, position), and a request without a seed gets
+    one here, so greedy and sampled streams both continue exactly where they broke. The client sees
+    latency, never a gap, a duplicate or a lost token; usage counts every token once.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from raypd.cluster.client.breaker import CircuitBreaker
 from raypd.cluster.client.request_driver import RequestDriver
-from raypd.cluster.client.router import Router
+from raypd.cluster.client.router import NoNodeError, Route, Router
 from raypd.cluster.openai.api_errors import ServiceUnavailable
 from raypd.cluster.openai.detokenizer import IncrementalDetokenizer
 from raypd.cluster.openai.params import ChoiceJob, PreparedRequest
 from raypd.cluster.openai.response_schema import FinishReason
 from raypd.cluster.openai.stop import StopMatcher
+from raypd.protocol.messages import TokenChunk
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +54,19 @@ ChoiceStream = AsyncGenerator[ChoiceEvent, None]
 
 
 class Generator:
-    """What a request needs from the replica: the driver, the routing seam and the tokenizer."""
+    """What a request needs from the replica: the driver, the routing seam, the tokenizer, and the
+    failure handling's bounds and breaker."""
 
-    def __init__(self, driver: RequestDriver, router: Router, hf_tokenizer):
+    def __init__(self, driver: RequestDriver, router: Router, hf_tokenizer, retry_limit: int = 3,
+                 migration_limit: int = 3, breaker: CircuitBreaker | None = None):
         self.driver = driver
         self.router = router
         self.hf_tokenizer = hf_tokenizer
+        self.retry_limit = retry_limit
+        self.migration_limit = migration_limit
+        self.breaker = breaker or CircuitBreaker()
+        self.num_retries = 0
+        self.num_migrations = 0
 
     def run(self, request_id: str, prepared: PreparedRequest,
             echo: list[str] | None = None) -> ChoiceStream:
@@ -52,41 +76,97 @@ class Generator:
                    for job in prepared.jobs]
         return streams[0] if len(streams) == 1 else _interleave(streams)
 
+    async def _route(self, request_id: str, prompt_ids: list[int], failed: frozenset[str]) -> Route:
+        """Route around this request's failed nodes and the breaker's open ones; fail-open: if the
+        breaker's exclusions leave a role with no node, route without them."""
+        held_out = self.breaker.excluded() - failed
+        try:
+            return await self.router.route(request_id, prompt_ids, failed | held_out)
+        except NoNodeError:
+            if not held_out:
+                raise
+            return await self.router.route(request_id, prompt_ids, failed)
+
     async def choice(self, request_id: str, prompt_ids: list[int], job: ChoiceJob, stops: tuple[str, ...],
                      echo: str = "") -> ChoiceStream:
-        route = await self.router.route(request_id, prompt_ids)
         detok = IncrementalDetokenizer(self.hf_tokenizer)
         matcher = StopMatcher(stops)
+        params = job.params if job.params.seed is not None or job.params.greedy else \
+            replace(job.params, seed=secrets.randbits(63))  # a replay continues the same random stream
         if echo:
             yield ChoiceEvent(job.index, echo)
-        generated = 0
-        cached = 0
-        stream = self.driver.generate(request_id, prompt_ids, job.params, route.prefill, route.decode)
-        # Leaving early closes the driver's stream, which aborts the request on both nodes.
-        async with aclosing(stream):
-            async for chunk in stream:
-                generated += len(chunk.token_ids)
-                cached = chunk.num_cached_tokens or cached
-                if chunk.finished and not chunk.error:
-                    await self.router.delivered(request_id, chunk.num_cached_tokens)
-                if chunk.finished and (chunk.error or chunk.finish_reason not in ("stop", "length")):
-                    raise ServiceUnavailable(f"the request failed on the cluster: "
-                                             f"{chunk.error or chunk.finish_reason}", code="node_failure")
-                ids = chunk.token_ids
-                if chunk.finished and chunk.finish_reason == "stop" and ids:
-                    ids = ids[:-1]  # the stop token (EOS or a stop_token_id) is not part of the text
-                text = detok.add(ids) + (detok.flush() if chunk.finished else "")
-                released = matcher.feed(text)
-                if matcher.stopped:
-                    yield ChoiceEvent(job.index, released, "stop", generated, cached)
-                    return
-                if chunk.finished:
-                    reason: FinishReason = "stop" if chunk.finish_reason == "stop" else "length"
-                    yield ChoiceEvent(job.index, released + matcher.flush(), reason, generated, cached)
-                    return
-                if released:
-                    yield ChoiceEvent(job.index, released)
-        raise ServiceUnavailable("the cluster ended the request without a final message", code="node_failure")
+        generated: list[int] = []   # every token the nodes produced for this choice, in order
+        cached: int | None = None   # the first attempt's prompt cache hit (what usage reports)
+        failed_nodes: set[str] = set()
+        retries = migrations = 0
+        attempt = 0
+        while True:
+            attempt_id = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
+            attempt += 1
+            route = await self._route(attempt_id, prompt_ids + generated, frozenset(failed_nodes))
+            attempt_params = params if not generated else replace(
+                params, max_tokens=params.max_tokens - len(generated), num_replayed_tokens=len(generated))
+            failure: TokenChunk | None = None
+            stream = self.driver.generate(attempt_id, prompt_ids + generated, attempt_params, route.prefill,
+                                          route.decode)
+            # Leaving early closes the driver's stream, which aborts the request on both nodes.
+            async with aclosing(stream):
+                async for chunk in stream:
+                    if chunk.finished and chunk.error:
+                        failure = chunk
+                        break
+                    generated.extend(chunk.token_ids)
+                    if cached is None and chunk.finished:
+                        cached = chunk.num_cached_tokens
+                        if attempt_params.num_replayed_tokens:  # a replay's hit may cover generated tokens
+                            cached = min(cached, len(prompt_ids))
+                    if chunk.finished:
+                        await self.router.delivered(attempt_id, chunk.num_cached_tokens)
+                        for node in (route.prefill, route.decode):
+                            if node is not None:
+                                self.breaker.success(node.name)
+                    if chunk.finished and chunk.finish_reason not in ("stop", "length"):
+                        raise ServiceUnavailable(f"the request failed on the cluster: {chunk.finish_reason}",
+                                                 code="node_failure")
+                    ids = chunk.token_ids
+                    if chunk.finished and chunk.finish_reason == "stop" and ids:
+                        ids = ids[:-1]  # the stop token (EOS or a stop_token_id) is not part of the text
+                    text = detok.add(ids) + (detok.flush() if chunk.finished else "")
+                    released = matcher.feed(text)
+                    if matcher.stopped:
+                        yield ChoiceEvent(job.index, released, "stop", len(generated), cached or 0)
+                        return
+                    if chunk.finished:
+                        reason: FinishReason = "stop" if chunk.finish_reason == "stop" else "length"
+                        yield ChoiceEvent(job.index, released + matcher.flush(), reason, len(generated),
+                                          cached or 0)
+                        return
+                    if released:
+                        yield ChoiceEvent(job.index, released)
+            if failure is None:
+                raise ServiceUnavailable("the cluster ended the request without a final message", code="node_failure")
+            if failure.failed_node:
+                failed_nodes.add(failure.failed_node)
+                self.breaker.failure(failure.failed_node)
+            if len(generated) >= params.max_tokens:  # every token arrived, only the end was lost
+                yield ChoiceEvent(job.index, matcher.feed(detok.flush()) + matcher.flush(), "length",
+                                  len(generated), cached or 0)
+                return
+            if generated:
+                migrations += 1
+                if migrations > self.migration_limit:
+                    raise ServiceUnavailable(f"the request failed on the cluster after {migrations - 1} "
+                                             f"replays: {failure.error}", code="node_failure")
+                self.num_migrations += 1
+                log.warning("%s: %s; replaying %d generated tokens elsewhere", request_id, failure.error,
+                            len(generated))
+            else:
+                retries += 1
+                if retries > self.retry_limit:
+                    raise ServiceUnavailable(f"the request failed on the cluster after {retries - 1} "
+                                             f"retries: {failure.error}", code="node_failure")
+                self.num_retries += 1
+                log.warning("%s: %s; retrying on other nodes", request_id, failure.error)
 
 
 async def _interleave(streams: list[ChoiceStream]) -> ChoiceStream:

@@ -1,5 +1,6 @@
 """OpenAIIngress: the Serve deployment in front of the cluster. Each replica builds its own
-tokenizer, RequestDriver and router over the NodePool's node actors, and its own FastAPI app
+tokenizer, RequestDriver, circuit breaker and router over the NodePool's current membership (a
+NodeSet it refreshes), and its own FastAPI app
 (late-bound through `__serve_build_asgi_app__`, so the app can close over this replica's state).
 Replicas share nothing but the nodes, so any number of them can run side by side.
 """
@@ -9,7 +10,9 @@ import asyncio
 
 from ray import serve
 
+from raypd.cluster.client.breaker import CircuitBreaker
 from raypd.cluster.client.make_router import make_router
+from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.openai.params import ModelLimits
 from raypd.cluster.serve.app import build_app
@@ -32,25 +35,37 @@ class OpenAIIngress:
         model_dir = await asyncio.to_thread(resolve_model, config.model)
         tokenizer = await asyncio.to_thread(Tokenizer, model_dir)
         model = ModelConfig.from_folder(model_dir)
-        nodes = await node_pool.nodes.remote()
-        infos = await asyncio.gather(*(n.actor.ready.remote() for n in nodes))
-        capacity = {n.name: info["num_blocks"] * info["block_size"] for n, info in zip(nodes, infos)}
+        membership = await node_pool.membership.remote()
+        nodes = [m.node for m in membership.members]
+        # The shape of the nodes from those that answer (a replica may start while one is restarting).
+        infos = await asyncio.gather(*(n.actor.ready.remote() for n in membership.live()), return_exceptions=True)
+        block_size = next(i["block_size"] for i in infos if isinstance(i, dict))
         limits = ModelLimits(
             name=config.model_name(), context_len=model.max_position_embeddings, vocab_size=model.vocab_size,
-            block_size=infos[0]["block_size"],
-            decode_kv_tokens=min(capacity[n.name] for n in nodes if n.role.serves_decode),
-            prefill_kv_tokens=min(capacity[n.name] for n in nodes if n.role.serves_prefill),
+            block_size=block_size,
+            decode_kv_tokens=min(n.num_blocks * block_size for n in nodes if n.role.serves_decode),
+            prefill_kv_tokens=min(n.num_blocks * block_size for n in nodes if n.role.serves_prefill),
             default_max_tokens=config.default_max_tokens)
+        # The node set follows the pool's supervisor: restarted nodes' new handles, dead nodes out.
+        self.node_set = NodeSet(membership, node_pool.membership.remote)
+        self.node_set.start()
         driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s)
         self.driver = driver
-        router = make_router(await node_pool.conductor.remote(), nodes)
-        self.service = OpenAIService(tokenizer, limits, Generator(driver, router, tokenizer.hf), nodes)
+        router = make_router(membership.conductor, self.node_set, route_timeout_s=config.route_timeout_s)
+        breaker = CircuitBreaker(config.breaker_failures, config.breaker_window_s, config.breaker_cooldown_s)
+        self.node_set.on_restart(breaker.forget)  # a new incarnation starts with a clean record
+        generator = Generator(driver, router, tokenizer.hf, retry_limit=config.retry_limit,
+                              migration_limit=config.migration_limit, breaker=breaker)
+        self.service = OpenAIService(tokenizer, limits, generator, self.node_set)
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
         return build_app(self.service, self.config.api_key, self.config.max_body_bytes, self.replica)
 
     def __del__(self):
+        node_set = getattr(self, "node_set", None)
+        if node_set is not None:
+            node_set.stop()
         # The driver owns a socket the nodes send tokens to; Serve calls this when the replica stops.
         close = getattr(getattr(self, "driver", None), "close", None)
         if close is not None:

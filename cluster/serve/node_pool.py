@@ -4,7 +4,9 @@ It starts them with the launcher (cluster.local_cluster) when the application de
 them when the application goes away (serve.shutdown, serve.delete, a RayService update), so the
 nodes live exactly as long as the app, whether `raypd serve` or a Serve config file deployed it.
 The node actors are owned by this replica's process: if Serve ever replaces the replica, its nodes
-go with it and the new replica starts fresh ones. Ingress replicas ask it for the NodeHandles.
+go with it and the new replica starts fresh ones. Ingress replicas ask it for the membership: the
+current node handles and their states, as its NodeSupervisor (supervisor.py) keeps them, so nothing
+serves from a node list fixed at start.
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import logging
 
 from ray import serve
 
+from raypd.cluster.client.membership import Membership
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.local_cluster import NodeCluster
 from raypd.cluster.serve.config import ServeConfig
+from raypd.cluster.serve.supervisor import NodeSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +34,26 @@ class NodePool:
         # The launcher blocks on ray.get while the nodes load their model; keep the replica's loop free.
         self.cluster = await asyncio.to_thread(NodeCluster.start, config.cluster_spec())
         log.info("raypd nodes up: %s", ", ".join(n.name for n in self.cluster.nodes))
+        self.supervisor = NodeSupervisor(list(self.cluster.nodes), self.cluster.conductor,
+                                         probe_interval_s=config.probe_interval_s)
+        self.supervisor.start()
 
     async def nodes(self) -> list[NodeHandle]:
-        return list(self.cluster.nodes)
+        """The current handle of every node, whatever its state."""
+        return [m.node for m in self.supervisor.membership().members]
+
+    async def membership(self) -> Membership:
+        """The nodes and the Conductor with their states (client/membership.py)."""
+        return self.supervisor.membership()
 
     async def conductor(self):
         """The Conductor actor handle (None when the pool runs without one)."""
         return self.cluster.conductor
 
     async def __del__(self):
+        supervisor = getattr(self, "supervisor", None)
+        if supervisor is not None:
+            supervisor.stop()
         cluster = getattr(self, "cluster", None)  # None when the constructor failed: nothing started
         if cluster is not None:
             await asyncio.to_thread(cluster.stop)

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.openai.api_errors import BadRequest, ServiceUnavailable
 from raypd.cluster.openai.metrics import RequestRecord, track
 from raypd.cluster.openai.params import ModelLimits, PreparedRequest, chat_messages, check_supported, prepare
@@ -26,11 +27,12 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}  # no pro
 
 
 class OpenAIService:
-    def __init__(self, tokenizer: Tokenizer, limits: ModelLimits, generator: Generator, nodes: list[NodeHandle]):
+    def __init__(self, tokenizer: Tokenizer, limits: ModelLimits, generator: Generator,
+                 nodes: NodeSet | list[NodeHandle]):
         self.tokenizer = tokenizer
         self.limits = limits
         self.generator = generator
-        self.nodes = nodes
+        self.nodes = NodeSet.of(nodes)
         self.created = int(time.time())
 
     async def chat(self, req: ChatCompletionRequest, rec: RequestRecord | None = None) -> Response:
@@ -58,13 +60,16 @@ class OpenAIService:
         card = ModelCard(id=self.limits.name, created=self.created, max_model_len=self.limits.context_len)
         return ModelList(data=[card]).model_dump(mode="json")
 
-    async def health(self, timeout_s: float = 5.0) -> dict:
-        """Every node answers: the replica can serve. Probes call this; it raises 503 otherwise."""
-        try:
-            await asyncio.wait_for(asyncio.gather(*(n.actor.ready.remote() for n in self.nodes)), timeout_s)
-        except Exception as e:  # noqa: BLE001 - a dead or stuck node: not ready, whatever the cause
-            raise ServiceUnavailable(f"a node does not answer: {type(e).__name__}", code="node_failure") from e
-        return {"status": "ok", "model": self.limits.name, "nodes": len(self.nodes)}
+    def health(self) -> tuple[bool, dict]:
+        """Readiness: (True, body) while a request can be served (a live node of every role it needs);
+        the body lists each node's state and the Conductor's either way."""
+        membership = self.nodes.membership
+        return membership.can_serve, {**membership.health(), "model": self.limits.name}
+
+    @staticmethod
+    def liveness() -> dict:
+        """Liveness: this process answers; whether the cluster can serve is readiness's question."""
+        return {"status": "alive"}
 
     async def node_status(self, timeout_s: float = 10.0) -> dict:
         """Per node: what it still holds (check_idle: zeros when idle) and its load; for operators and
@@ -73,11 +78,12 @@ class OpenAIService:
             try:
                 idle, load = await asyncio.wait_for(
                     asyncio.gather(n.actor.check_idle.remote(), n.actor.load_report.remote()), timeout_s)
-                return {"name": n.name, "role": n.role, "host": n.host.hostname, "held": idle,
+                return {"name": n.name, "role": n.role, "host": n.host.hostname, "pid": n.host.pid, "held": idle,
                         "idle": not any(idle.values()), "load": asdict(load)}
             except Exception as e:  # noqa: BLE001 - report the node as failing, keep the others
-                return {"name": n.name, "role": n.role, "host": n.host.hostname, "error": f"{type(e).__name__}: {e}"}
-        return {"nodes": await asyncio.gather(*(one(n) for n in self.nodes))}
+                return {"name": n.name, "role": n.role, "host": n.host.hostname, "pid": n.host.pid,
+                        "error": f"{type(e).__name__}: {e}"}
+        return {"nodes": await asyncio.gather(*(one(n) for n in self.nodes.all()))}
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _check(self, req: ChatCompletionRequest | CompletionRequest) -> None:

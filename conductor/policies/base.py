@@ -39,6 +39,9 @@ class RoutingView:
     # What nodes hold by their KV events, when `match` also counts blocks routed to a node and not
     # yet reported (core.py, pending_prefixes.py): only held blocks can be fetched from a node.
     held: PrefixMatch | None = None
+    # Slots the caller will not use for this request (a retry's failed node, a node held out by
+    # the caller's circuit breaker): no policy sees them as candidates.
+    excluded: np.ndarray | None = None
 
     @property
     def fetchable(self) -> PrefixMatch:
@@ -46,11 +49,16 @@ class RoutingView:
 
     @property
     def prefill_slots(self) -> np.ndarray:
-        return self.table.prefill_slots()
+        return self._usable(self.table.prefill_slots())
 
     @property
     def decode_slots(self) -> np.ndarray:
-        return self.table.decode_slots()
+        return self._usable(self.table.decode_slots())
+
+    def _usable(self, slots: np.ndarray) -> np.ndarray:
+        if self.excluded is None or not len(self.excluded):
+            return slots
+        return slots[~np.isin(slots, self.excluded)]
 
     def cached(self, slots: np.ndarray) -> np.ndarray:
         return self.match.tokens_by_slot[slots] if len(self.match.tokens_by_slot) > slots.max(initial=0) \

@@ -187,6 +187,11 @@ class RadixCache:
             yield x
             stack.extend(x.children.values())
 
+    @property
+    def event_seq(self) -> int:
+        """The sequence number of the last KV event this cache published (0: none yet)."""
+        return self._event_seq
+
     def _next_seq(self) -> int:
         self._event_seq += 1
         return self._event_seq

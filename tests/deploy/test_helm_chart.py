@@ -69,7 +69,7 @@ def test_default_worker_groups(render):
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
         assert ports(c) == {"serve": 8000, "metrics": 8080}
-        assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "serve"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "serve"}
         assert "livenessProbe" not in c
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
         assert "env" not in c     # no API key configured
@@ -137,7 +137,7 @@ def test_big_groups_replicas_gpus_and_placement(render):
         assert c["image"] == "registry.example.com/raypd:1.2.3"
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 2 == c["resources"]["requests"]["nvidia.com/gpu"]
         assert g["resources"] == {f"{g['labels']['raypd.io/role']}_gpu": "2"}
-        assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "serve"}
+        assert c["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "serve"}
         assert c["livenessProbe"]["initialDelaySeconds"] == 900
 
 

@@ -3,6 +3,8 @@ token, its blocks are copied into blocks reserved on a second engine, which deco
 output must equal the reference, and both engines' accounting must add up at every stage."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from raypd.engine import InvalidRequestError, SamplingParams
@@ -54,15 +56,21 @@ def test_prefill_then_decode_equals_reference(make_llm, prompt_ids, hf_reference
 
 
 def test_seeded_sampling_continues_the_single_engine_stream(make_llm, prompt_ids):
-    # The prefill engine draws the first token; the decode engine must go on from the second draw of
-    # the same seeded generator, so PD gives what one engine gives.
-    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(len(prompt_ids))]
+    # The prefill engine draws position len(prompt), the decode engine the later ones: the noise is
+    # a function of (seed, position), so PD gives what one engine gives, also for a failover replay
+    # (prompt + the first k tokens, num_replayed_tokens=k) whose prefill draws position len(prompt) + k.
+    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i, presence_penalty=0.5,
+                             ignore_eos=True) for i in range(len(prompt_ids))]
     single = make_llm()
     want = [o.token_ids for o in single.generate(prompt_ids, params)]
     prefill, decode = make_llm(max_running_requests=5), make_llm(max_running_requests=6)
     got = [run_split(prefill, decode, [ids], p)[0] for ids, p in zip(prompt_ids, params)]
     assert got == want
     assert len({tuple(t) for t in got}) > 1
+    k = 4
+    replayed = [run_split(prefill, decode, [ids + w[:k]], replace(p, max_tokens=12 - k, num_replayed_tokens=k))[0]
+                for ids, w, p in zip(prompt_ids, want, params)]
+    assert [w[:k] + r for w, r in zip(want, replayed)] == want
 
 
 def test_decode_retracts_and_recomputes(make_llm, prompt_ids, hf_reference):
@@ -102,6 +110,9 @@ def test_bad_prefilled_request_keeps_reservation_for_caller(make_llm):
         eng.add_prefilled("r", list(range(40)), 1, GREEDY, "x")  # 3 blocks do not fit in 2
     with pytest.raises(InvalidRequestError):
         eng.add_prefilled("missing", list(range(20)), 1, GREEDY, "x")
+    with pytest.raises(InvalidRequestError) as e:
+        eng.add_prefilled("r", list(range(20)), 1, replace(GREEDY, num_replayed_tokens=20), "x")
+    assert e.value.param == "num_replayed_tokens"
     assert "r" in eng.reservations
     eng.unreserve("r")
 

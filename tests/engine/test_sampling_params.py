@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 
 import pytest
 
 from raypd import engine
 from raypd.protocol.errors import InvalidRequestError
+from raypd.protocol.messages import NodeRequest
 from raypd.protocol.sampling_params import SamplingParams
 
 
@@ -47,6 +49,11 @@ from raypd.protocol.sampling_params import SamplingParams
     ("stop_token_ids", (-1,)),
     ("stop_token_ids", (3, "4")),
     ("stop_token_ids", (2.0,)),
+    ("num_replayed_tokens", -1),
+    ("num_replayed_tokens", 1.0),
+    ("num_replayed_tokens", True),
+    ("num_replayed_tokens", "3"),
+    ("num_replayed_tokens", None),
 ])
 def test_out_of_range_value_names_its_param(param, value):
     with pytest.raises(InvalidRequestError) as info:
@@ -83,6 +90,9 @@ def test_out_of_range_value_names_its_param(param, value):
     ("seed", 2**63),
     ("stop_token_ids", ()),
     ("stop_token_ids", (0, 2, 7)),
+    ("num_replayed_tokens", 0),
+    ("num_replayed_tokens", 1),
+    ("num_replayed_tokens", 4096),
 ])
 def test_in_range_value_is_accepted(param, value):
     params = SamplingParams(**{param: value})
@@ -97,6 +107,7 @@ def test_defaults_are_valid():
     assert params.seed is None
     assert params.stop_token_ids == ()
     assert not params.ignore_eos
+    assert params.num_replayed_tokens == 0
     assert not params.greedy
     assert not params.has_penalties
 
@@ -114,6 +125,14 @@ def test_stop_token_ids_are_stored_as_a_tuple():
     assert params.stop_token_ids == (5, 3)
     assert isinstance(params.stop_token_ids, tuple)
     hash(params)  # frozen and hashable even when given a list
+
+
+def test_params_survive_pickling():
+    # Ray pickles SamplingParams inside NodeRequest on its way from the ingress to the nodes.
+    params = SamplingParams(max_tokens=9, temperature=0.5, seed=-3, stop_token_ids=[4], num_replayed_tokens=7)
+    request = NodeRequest("r", 1, (1, 2, 3, 4, 5, 6, 7, 8), params)
+    assert pickle.loads(pickle.dumps(request)) == request
+    assert pickle.loads(pickle.dumps(params)).num_replayed_tokens == 7
 
 
 def test_params_are_frozen():

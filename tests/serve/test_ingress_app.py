@@ -27,14 +27,6 @@ BODY = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 8}).encode()
 STREAM_BODY = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 8, "stream": True}).encode()
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from raypd.engine.model.source import resolve_model
-    from raypd.engine.tokenizer import Tokenizer
-
-    return Tokenizer(resolve_model(None))
-
-
 class ScriptedDriver:
     """Plays fixed chunks for every request and records which streams were closed (= aborted)."""
 
@@ -57,17 +49,18 @@ MIXED_NODE = NodeHandle("raypd-mixed-0", Role.MIXED, None, HostInfo("n0", "127.0
 
 
 class AnyRoute(Router):
-    async def route(self, request_id, prompt_token_ids):
+    async def route(self, request_id, prompt_token_ids, exclude=frozenset()):
         return Route(MIXED_NODE)
 
 
 class RejectingRouter(Router):
-    async def route(self, request_id, prompt_token_ids):
+    async def route(self, request_id, prompt_token_ids, exclude=frozenset()):
         raise AdmissionRejected(request_id, "ttft", 3.0, 1.0)
 
 
-def app_for(tokenizer, driver, router=None):
-    service = OpenAIService(tokenizer, LIMITS, Generator(driver, router or AnyRoute(), tokenizer.hf), [])
+def app_for(tokenizer, driver, router=None, **generator_options):
+    generator = Generator(driver, router or AnyRoute(), tokenizer.hf, **generator_options)
+    service = OpenAIService(tokenizer, LIMITS, generator, [])
     return build_app(service, api_key=None, max_body_bytes=1 << 20)
 
 
@@ -121,17 +114,18 @@ def test_no_node_is_503(tokenizer, body):
 
 
 @pytest.mark.parametrize("body", [BODY, STREAM_BODY], ids=["json", "stream"])
-def test_node_failure_before_output_is_503(tokenizer, body):
+def test_node_failure_before_output_is_503_once_retries_are_spent(tokenizer, body):
     driver = ScriptedDriver([TokenChunk("", (), finished=True, error="node raypd-decode-0 failed: RayActorError")])
-    status, raw = asyncio.run(call(app_for(tokenizer, driver), body))
+    status, raw = asyncio.run(call(app_for(tokenizer, driver, retry_limit=2), body))
     assert status == 503
     assert "raypd-decode-0" in json.loads(raw)["error"]["message"]
+    assert len(driver.closed) == 3  # the first attempt and two retries
 
 
-def test_node_failure_mid_stream_is_an_error_event(tokenizer):
+def test_node_failure_mid_stream_is_an_error_event_once_replays_are_spent(tokenizer):
     driver = ScriptedDriver([TokenChunk("", tokens(tokenizer, " Paris")),
                              TokenChunk("", (), finished=True, error="no token from node raypd-decode-0 within 120s")])
-    status, raw = asyncio.run(call(app_for(tokenizer, driver), STREAM_BODY))
+    status, raw = asyncio.run(call(app_for(tokenizer, driver, migration_limit=0), STREAM_BODY))
     events = [line[6:] for line in raw.decode().split("\n\n") if line.startswith("data: ")]
     assert status == 200
     assert json.loads(events[0])["choices"][0]["text"] == " Paris"

@@ -23,11 +23,8 @@ from tests.serve.test_ingress_app import (
     RejectingRouter,
     ScriptedDriver,
     call,
-    tokenizer,
     tokens,
 )
-
-__all__ = ["tokenizer"]  # the fixture, shared with test_ingress_app
 
 
 def app_with_metrics(tokenizer, driver, router=None, api_key=None):

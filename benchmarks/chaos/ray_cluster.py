@@ -1,0 +1,131 @@
+"""The Ray cluster the started `raypd serve` runs on, and only that one: its address (from the
+server's log), a driver connection, raypd's actors in it, the check that a pid is one of its
+worker processes, and the processes of it still alive after the server stopped.
+
+Ray is imported only when connecting; psutil is imported here (it comes with raypd's test extra).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+# Ray actor class -> the role a kill target has (schedule.py's ROLES).
+CLASS_ROLES = {"PrefillNode": "prefill", "DecodeNode": "decode", "MixedNode": "mixed", "Conductor": "conductor"}
+_ADDRESS_LINE = re.compile(r"Ray cluster: (\S+)")
+
+
+class KillRefused(RuntimeError):
+    """The pid is not a worker process of the server's Ray cluster: nothing was signalled."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One raypd actor found alive in the cluster."""
+    name: str
+    role: str
+    namespace: str
+    pid: int
+    class_name: str
+
+
+def ray_address_from_log(text: str) -> str | None:
+    """The GCS address `raypd serve` logs once its application is up ("Ray cluster: HOST:PORT")."""
+    found = _ADDRESS_LINE.findall(text)
+    return found[-1] if found else None
+
+
+def targets_from_actor_states(states: list) -> list[Target]:
+    """raypd's actors among list_actors' entries (objects or dicts, as Ray versions differ)."""
+    out = []
+    for a in states:
+        get = a.get if isinstance(a, dict) else lambda k, a=a: getattr(a, k, None)
+        cls, name = get("class_name"), get("name")
+        if cls in CLASS_ROLES and name and get("state") in (None, "ALIVE"):
+            out.append(Target(name, CLASS_ROLES[cls], get("ray_namespace") or "", int(get("pid") or 0), cls))
+    return sorted(out, key=lambda t: t.name)
+
+
+class RayCluster:
+    """A driver connected to the server's Ray cluster (close() disconnects it before the server stops:
+    a driver whose cluster disappears under it waits for it and then exits the process)."""
+
+    def __init__(self, address: str, server_pid: int):
+        self.address = address
+        self.server_pid = server_pid
+        self.server_started = psutil.Process(server_pid).create_time()
+        self._ray: Any = None  # the ray module once connected
+        self.session_dir: str | None = None  # e.g. /tmp/ray/session_...: every Ray daemon of it names it
+
+    def connect(self) -> None:
+        # A Ray that `ray.init()` starts turns token authentication on unless RAY_AUTH_MODE says otherwise,
+        # and a driver joining by address uses the token (~/.ray/auth_token) only when RAY_AUTH_MODE=token.
+        # The server inherited this environment, so the same default holds for both.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        import ray
+
+        ctx = ray.init(address=self.address, namespace="raypd-bench-chaos", log_to_driver=False,
+                       logging_level=logging.WARNING)
+        self._ray = ray
+        self.session_dir = (getattr(ctx, "address_info", None) or {}).get("session_dir")
+
+    def close(self) -> None:
+        if self._ray is not None and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._ray = None
+
+    @property
+    def ray(self):
+        if self._ray is None:
+            raise RuntimeError("not connected")
+        return self._ray
+
+    def targets(self) -> list[Target]:
+        """raypd's ALIVE actors, with their current pids (a restart changes the pid)."""
+        from ray.util.state import list_actors
+
+        self.ray  # noqa: B018 - connected first: the state API is asked through this cluster's GCS
+        states = list_actors(address=self.address, filters=[("state", "=", "ALIVE")], detail=True, timeout=20)
+        return targets_from_actor_states(list(states))
+
+    def handle(self, target: Target):
+        return self.ray.get_actor(target.name, namespace=target.namespace)
+
+    def worker_process(self, pid: int) -> psutil.Process:
+        """The process of `pid` if it is a Ray worker under the server's process tree, started after
+        the server; KillRefused otherwise."""
+        try:
+            p = psutil.Process(pid)
+            ancestors = {a.pid for a in p.parents()}
+            started = p.create_time()
+            cmdline = " ".join(p.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied) as e:
+            raise KillRefused(f"pid {pid}: {type(e).__name__}") from None
+        if self.server_pid not in ancestors:
+            raise KillRefused(f"pid {pid} is not a descendant of the server (pid {self.server_pid})")
+        if started < self.server_started:
+            raise KillRefused(f"pid {pid} started before the server")
+        if not (cmdline.startswith("ray::") or "default_worker.py" in cmdline):
+            raise KillRefused(f"pid {pid} is not a Ray worker: {cmdline[:80]!r}")
+        return p
+
+
+def processes_left(markers: list[str]) -> list[int]:
+    """Pids of live processes (not this one) whose command line names one of `markers`: the cluster's
+    session folder (its GCS server, raylet, dashboard and agents) or GCS address. Workers rename
+    themselves (`ray::DecodeNode`); the launcher finds those by the pids it saw under the server."""
+    markers = [m for m in markers if m]
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if any(m in cmd for m in markers) and p.info["pid"] != os.getpid() \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return left

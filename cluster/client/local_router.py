@@ -1,0 +1,57 @@
+"""LocalRouter: routing without the Conductor, from what the caller itself knows.
+
+The ConductorRouter's fallback while the Conductor is dead, restarting or slower than its deadline,
+so no request fails because the Conductor is away. Power of two choices per role: two random live
+candidates (minus `exclude`), the one with less work by the node pool's last load report (waiting +
+running requests, plus queued prompt tokens in units of `tokens_per_request`), counting the requests
+this router sent it since that report. Cache-blind by design: the Conductor's index is what knows
+the caches.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.client.node_set import NodeSet
+from raypd.cluster.client.router import NoNodeError, Route, Router
+from raypd.protocol.roles import Role
+
+
+class LocalRouter(Router):
+    def __init__(self, nodes: NodeSet | Sequence[NodeHandle], tokens_per_request: int = 256,
+                 rng: random.Random | None = None):
+        self.nodes = NodeSet.of(nodes)
+        self.tokens_per_request = tokens_per_request
+        self._rng = rng or random.Random()
+        self._sent: dict[str, tuple[float, int]] = {}   # node -> (report timestamp, routed since it)
+
+    async def route(self, request_id: str, prompt_token_ids: Sequence[int],
+                    exclude: frozenset[str] = frozenset()) -> Route:
+        live = {role: [n for n in self.nodes.live(role) if n.name not in exclude] for role in Role}
+        if live[Role.PREFILL] and live[Role.DECODE]:
+            return Route(self._pick(live[Role.PREFILL]), self._pick(live[Role.DECODE]))
+        if live[Role.MIXED]:
+            return Route(self._pick(live[Role.MIXED]))
+        raise NoNodeError("no live node can serve (neither a prefill + decode pair nor a mixed node)")
+
+    def _pick(self, nodes: list[NodeHandle]) -> NodeHandle:
+        pair = self._rng.sample(nodes, 2) if len(nodes) > 1 else nodes
+        best = min(pair, key=self._work)
+        stamp, sent = self._sent_since_report(best)
+        self._sent[best.name] = (stamp, sent + 1)
+        return best
+
+    def _work(self, node: NodeHandle) -> float:
+        member = self.nodes.membership.by_name.get(node.name)
+        load = member.load if member is not None else None
+        _, sent = self._sent_since_report(node)
+        if load is None:
+            return float(sent)
+        return load.waiting + load.running + load.queued_prefill_tokens / self.tokens_per_request + sent
+
+    def _sent_since_report(self, node: NodeHandle) -> tuple[float, int]:
+        member = self.nodes.membership.by_name.get(node.name)
+        stamp = member.load.timestamp if member is not None and member.load is not None else 0.0
+        last_stamp, sent = self._sent.get(node.name, (stamp, 0))
+        return (stamp, 0) if last_stamp != stamp else (stamp, sent)

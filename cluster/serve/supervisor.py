@@ -1,0 +1,181 @@
+"""NodeSupervisor: the node pool's watch over its node actors and the Conductor.
+
+Every probe_interval_s it calls ready() and load_report() on each node and status() on the
+Conductor (one watch loop each, every call bounded by probe_timeout_s), and keeps a Membership (client/membership.py)
+that ingress replicas fetch. What it does on what it sees:
+  - a call fails or times out on a LIVE node: the node leaves routing now (state RESTARTING,
+    UNRESPONSIVE or DEAD, from Ray's error) and the Conductor is told (mark_dead) rather than left
+    to notice by missed heartbeats;
+  - ready() answers with a new instance id: Ray restarted the actor (the node pool creates nodes
+    with max_restarts); the handle is refreshed (a new bootstrap address), the node is attached to
+    the Conductor again, and it is LIVE with incarnation + 1;
+  - the Conductor answers with a new instance id: it restarted; the nodes re-register by themselves
+    (node/conductor_link.py), nothing to do here but count it.
+Ray restarts an actor at once; a node that keeps crashing is bounded by max_restarts, then DEAD.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from raypd.cluster.client.membership import Member, Membership, MemberState
+from raypd.cluster.client.node_handles import NodeHandle
+
+log = logging.getLogger(__name__)
+
+
+def state_after(error: BaseException) -> MemberState:
+    """What a failed probe says about the actor."""
+    if isinstance(error, asyncio.TimeoutError):
+        return MemberState.UNRESPONSIVE
+    if isinstance(error, ray.exceptions.ActorUnavailableError):
+        return MemberState.RESTARTING
+    if isinstance(error, ray.exceptions.ActorDiedError):
+        # Also raised for a call that was running when the actor died: the next probe (queued until
+        # the restart, or failing at once when the restarts are used up) tells which it was.
+        return MemberState.DEAD
+    return MemberState.RESTARTING  # NodeCrashedError and the like: the node is restarting itself
+
+
+class NodeSupervisor:
+    def __init__(self, nodes: list[NodeHandle], conductor: Any = None, probe_interval_s: float = 1.0,
+                 probe_timeout_s: float = 5.0, attach_timeout_s: float = 30.0):
+        self.conductor = conductor
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.attach_timeout_s = attach_timeout_s
+        self._members = {n.name: Member(n) for n in nodes}
+        self._instances: dict[str, str] = {}   # node name -> instance id of the incarnation we know
+        self._conductor_state = MemberState.LIVE if conductor is not None else MemberState.NONE
+        self._conductor_instance = ""
+        self._conductor_incarnation = 0
+        self._version = 0
+        self._snapshot = self._build()
+        self._tasks: list[asyncio.Task] = []
+
+    # -- for the node pool ------------------------------------------------------------------------
+    def start(self) -> None:
+        """One watch loop per node and one for the Conductor: a slow probe delays no other."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._watch(name)) for name in self._members]
+        if self.conductor is not None:
+            self._tasks.append(loop.create_task(self._watch(None)))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def membership(self) -> Membership:
+        return self._snapshot
+
+    async def probe_round(self) -> Membership:
+        """Probe every node and the Conductor once (the loop does this every probe_interval_s)."""
+        await asyncio.gather(*(self._probe(m) for m in list(self._members.values())), self._probe_conductor())
+        return self._snapshot
+
+    # -- internals --------------------------------------------------------------------------------
+    async def _watch(self, name: str | None) -> None:
+        """Probe one node (None: the Conductor) every probe_interval_s, for good."""
+        while True:
+            try:
+                await (self._probe(self._members[name]) if name is not None else self._probe_conductor())
+            except Exception:  # noqa: BLE001 - the supervisor must outlive any one bad probe
+                log.exception("probing %s failed", name or "the Conductor")
+            await asyncio.sleep(self.probe_interval_s)
+
+    async def _probe(self, member: Member) -> None:
+        actor = member.node.actor
+        try:
+            info = await asyncio.wait_for(actor.ready.remote(), self.probe_timeout_s)
+            load = await asyncio.wait_for(actor.load_report.remote(), self.probe_timeout_s)
+        except Exception as e:  # noqa: BLE001 - any failure takes the node out of routing
+            self._failed(member, e)
+            return
+        instance = info.get("instance_id", "")
+        known = self._instances.setdefault(member.name, instance)
+        if instance != known:
+            await self._restarted(member, info, instance)
+            return
+        self._set(replace(member, state=MemberState.LIVE, load=load, reason=""), changed=member.state)
+
+    async def _restarted(self, member: Member, info: dict, instance: str) -> None:
+        node = replace(member.node, host=info["host"], num_blocks=info["num_blocks"],
+                       bootstrap_address=info.get("bootstrap_address", ""))
+        if self.conductor is not None:
+            try:
+                await asyncio.wait_for(node.actor.attach_conductor.remote(self.conductor), self.attach_timeout_s)
+            except Exception as e:  # noqa: BLE001 - retried next round: the instance id is not recorded yet
+                log.warning("re-attaching restarted node %s to the Conductor failed: %s", node.name, e)
+                return
+        self._instances[member.name] = instance
+        log.warning("node %s is back (incarnation %d)", node.name, member.incarnation + 1)
+        self._set(Member(node, MemberState.LIVE, member.incarnation + 1, member.restarts + 1), changed=None)
+
+    def _failed(self, member: Member, error: BaseException) -> None:
+        state = state_after(error)
+        if state is MemberState.UNRESPONSIVE and member.state is MemberState.RESTARTING:
+            return  # calls wait for a restarting actor: a slow model load times out the probe
+        if state is member.state:
+            return
+        reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        if member.state is MemberState.LIVE:
+            log.warning("node %s left routing (%s): %s", member.name, state.value, reason)
+            if self.conductor is not None:
+                _fire(self.conductor.mark_dead.remote(member.name, f"node pool: {reason}"))
+        self._set(replace(member, state=state, reason=reason), changed=None)
+
+    async def _probe_conductor(self) -> None:
+        if self.conductor is None:
+            return
+        try:
+            status = await asyncio.wait_for(self.conductor.status.remote(), self.probe_timeout_s)
+        except Exception as e:  # noqa: BLE001 - the ingress routes without it meanwhile
+            state = state_after(e)
+            if state is MemberState.DEAD:  # the Conductor restarts without bound: a died call means restarting
+                state = MemberState.RESTARTING
+            if state is not self._conductor_state:
+                log.warning("the Conductor is %s: %s", state.value, e)
+                self._conductor_state = state
+                self._bump()
+            return
+        instance = status.get("instance_id", "")
+        if not self._conductor_instance:
+            self._conductor_instance = instance
+        elif instance != self._conductor_instance:
+            self._conductor_instance = instance
+            self._conductor_incarnation += 1
+            log.warning("the Conductor is back (incarnation %d)", self._conductor_incarnation)
+            self._conductor_state = MemberState.LIVE
+            self._bump()
+        if self._conductor_state is not MemberState.LIVE:
+            self._conductor_state = MemberState.LIVE
+            self._bump()
+
+    def _set(self, member: Member, changed: MemberState | None) -> None:
+        """Store `member`; a new version when its state changed (changed: its old state, None = yes)
+        - load updates alone refresh the snapshot without a new version."""
+        self._members[member.name] = member
+        if changed is None or changed is not member.state:
+            self._version += 1
+        self._snapshot = self._build()
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._snapshot = self._build()
+
+    def _build(self) -> Membership:
+        return Membership(self._version, tuple(self._members.values()), self.conductor, self._conductor_state,
+                          self._conductor_incarnation)
+
+
+def _fire(ref) -> None:
+    async def _await():
+        try:
+            await asyncio.wait_for(ref, 10)
+        except Exception:  # noqa: BLE001 - best effort: the Conductor's heartbeat timeout is the backstop
+            pass
+    asyncio.ensure_future(_await())

@@ -1,0 +1,277 @@
+"""Fault tolerance through HTTP with the official openai client, against a real `raypd serve`
+(2 prefill + 2 decode nodes over NIXL, Conductor routing): the failures are caused for real -
+SIGKILL of a node's or the Conductor's process, an injected engine-thread crash, a node frozen by
+SIGSTOP - and every test asserts what the client saw (outputs equal to a fault-free run of the same
+request) and that every surviving block is accounted for afterwards.
+
+One server for the module (~60 s to start); each test leaves it with every node live again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from tests.serve.conftest import ServerProcess, request, wait_nodes_idle
+
+pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+# A prompt long enough that its prefill takes a while on the 0.5-CPU prefill nodes.
+LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+RECOVER_S = 120  # bound on waiting for a restarted node to be live again
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("fault") / "raypd-serve.log"
+    srv = ServerProcess.start(log_path, "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5",
+                              "--no-dashboard", "--max-node-restarts", "50", "--num-blocks", "512",
+                              # Its local Ray without token auth, so this process can join it by address.
+                              env={"RAY_AUTH_MODE": "disabled"})
+    try:
+        srv.wait_ready()
+        srv.remember_descendants()
+        gcs = re.search(r"Ray cluster: (\S+)", srv.log()).group(1)
+        ray.init(address=gcs, namespace="raypd-tests", log_to_driver=False)
+    except BaseException:
+        srv.kill()
+        raise
+    try:
+        yield srv
+    finally:
+        ray.shutdown()
+        srv.stop(signal.SIGINT)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def health(server) -> tuple[int, dict]:
+    status, _, body = request(server.port, "GET", "/health/ready")
+    return status, json.loads(body) if body else {}
+
+
+def states(server) -> dict[str, tuple[str, int]]:
+    _, body = health(server)
+    return {n["name"]: (n["state"], n["incarnation"]) for n in body["nodes"]}
+
+
+def wait_all_live(server, timeout_s: float = RECOVER_S) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = health(server)
+        if status == 200 and all(n["state"] == "live" for n in body["nodes"]) \
+                and body["conductor"]["state"] == "live":
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not every node live again within {timeout_s}s: {body}")
+        time.sleep(0.5)
+
+
+def holder(server, role: str, timeout_s: float = 60.0) -> dict:
+    """The node of `role` that holds a request now (polling /admin/nodes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, _, body = request(server.port, "GET", "/admin/nodes")
+        for n in json.loads(body)["nodes"]:
+            if n["role"] == role and "held" in n and n["held"].get("requests", 0) + n["held"].get("rooms", 0) > 0:
+                return n
+        time.sleep(0.05)
+    raise AssertionError(f"no {role} node held the request within {timeout_s}s")
+
+
+def named_actor(name: str):
+    """A node actor or the Conductor of the server's app, by name, in whatever namespace it lives."""
+    found = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name]
+    assert len(found) == 1, found
+    return ray.get_actor(name, namespace=found[0]["namespace"])
+
+
+def chat(client, prompt: str = PROMPT, max_tokens: int = 48, **sampling) -> str:
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                       max_tokens=max_tokens, extra_body={"ignore_eos": True}, **sampling)
+    return r.choices[0].message.content
+
+
+def stream_with_fault(client, fault, after_chunks: int = 4, prompt: str = PROMPT, max_tokens: int = 48,
+                      **sampling) -> tuple[str, object]:
+    """Stream a chat completion; after `after_chunks` text chunks call fault() once (in this thread,
+    while the stream is open). Returns the whole text and the usage."""
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **sampling)
+    parts, usage, seen = [], None, 0
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+            seen += 1
+            if seen == after_chunks:
+                fault()
+    return "".join(parts), usage
+
+
+def sigkill(pid: int) -> None:
+    assert pid != os.getpid() and pid > 1
+    os.kill(pid, signal.SIGKILL)
+
+
+def settle(server) -> None:
+    """Every node live again and nothing held anywhere (block accounting checked on every poll)."""
+    wait_all_live(server)
+    wait_nodes_idle(server.port, timeout_s=60)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.9, "seed": 1234}],
+                         ids=["greedy", "seeded"])
+def test_decode_killed_mid_stream_continues_the_same_stream(server, client, sampling):
+    reference = chat(client, **sampling)
+    before = states(server)
+    killed = {}
+
+    def kill_decode():
+        n = holder(server, "decode")
+        killed["name"] = n["name"]
+        sigkill(n["pid"])
+
+    text, usage = stream_with_fault(client, kill_decode, **sampling)
+    assert text == reference                 # no gap, no duplicate, no lost token; the same seeded stream
+    assert usage.completion_tokens == 48
+    body = wait_all_live(server)
+    after = {n["name"]: n["incarnation"] for n in body["nodes"]}
+    assert after[killed["name"]] == before[killed["name"]][1] + 1   # the pool's replacement is live
+    settle(server)
+
+
+def test_engine_crash_mid_stream_is_replayed_and_the_node_restarts(server, client):
+    reference = chat(client, temperature=0.0)
+    crashed = {}
+
+    def crash_decode():
+        n = holder(server, "decode")
+        crashed["name"] = n["name"]
+        ray.get(named_actor(n["name"]).crash_engine.remote(), timeout=30)
+
+    before = states(server)
+    text, _ = stream_with_fault(client, crash_decode, temperature=0.0)
+    assert text == reference
+    body = wait_all_live(server)
+    after = {n["name"]: n["incarnation"] for n in body["nodes"]}
+    assert after[crashed["name"]] == before[crashed["name"]][1] + 1
+    settle(server)
+
+
+def in_background(fn) -> tuple[threading.Thread, dict]:
+    """Run fn() in a thread; its result or exception lands in the returned dict."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - the test asserts on it
+            result["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_node_killed_before_the_first_token_is_retried(server, client, role):
+    """A cold long prompt keeps a prefill node busy for a while: kill the prefill node computing it, or
+    the decode node waiting for its KV (prealloc / transfer), before any token reached the client."""
+    prompt = f"Cold {role} prompt. " + LONG_PROMPT
+    t, result = in_background(lambda: chat(client, prompt=prompt, max_tokens=8, temperature=0.0))
+    sigkill(holder(server, role)["pid"])
+    t.join(300)
+    assert "error" not in result, result.get("error")
+    settle(server)
+    assert result["value"] == chat(client, prompt=prompt, max_tokens=8, temperature=0.0)  # a fault-free run
+
+
+def test_conductor_killed_under_load_fails_no_request(server, client):
+    prompts = [f"{PROMPT} Version {i}." for i in range(6)]
+    references = [chat(client, prompt=p, max_tokens=24, temperature=0.0) for p in prompts]
+    conductor = named_actor("raypd-conductor")
+    pid = ray.get(conductor.status.remote(), timeout=30)["pid"]
+    incarnation = health(server)[1]["conductor"]["incarnation"]
+    results: list = [None] * len(prompts)
+
+    def run(i):
+        try:
+            results[i] = chat(client, prompt=prompts[i], max_tokens=24, temperature=0.0)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    sigkill(pid)
+    for t in threads:
+        t.join(300)
+    assert results == references
+    body = wait_all_live(server)
+    assert body["conductor"]["incarnation"] == incarnation + 1
+    # The restarted Conductor rebuilt its registry from the nodes (they re-register by themselves).
+    deadline = time.monotonic() + 60
+    while sum(n["alive"] for n in ray.get(conductor.status.remote(), timeout=30)["nodes"].values()) != 4:
+        assert time.monotonic() < deadline, ray.get(conductor.status.remote(), timeout=30)["nodes"]
+        time.sleep(0.5)
+    assert chat(client, prompt=prompts[0], max_tokens=24, temperature=0.0) == references[0]
+    settle(server)
+
+
+def test_a_replacement_takes_traffic(server, client):
+    """Kill prefill-0, wait for its replacement, then kill prefill-1: only the replacement can serve."""
+    before = states(server)
+    sigkill(json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"][0]["pid"])
+    deadline = time.monotonic() + RECOVER_S
+    while states(server)["raypd-prefill-0"] != ("live", before["raypd-prefill-0"][1] + 1):
+        assert time.monotonic() < deadline, states(server)
+        time.sleep(0.5)
+    p1 = next(n for n in json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"]
+              if n["name"] == "raypd-prefill-1")
+    sigkill(p1["pid"])
+    assert chat(client, max_tokens=8, temperature=0.0)
+    assert chat(client, prompt="Another question entirely.", max_tokens=8, temperature=0.0)
+    settle(server)
+
+
+def test_readiness_follows_the_roles_and_liveness_the_process(server, client):
+    status, body = health(server)
+    assert status == 200 and body["status"] == "ok"
+    assert request(server.port, "GET", "/health/live")[0] == 200
+    decodes = [n for n in json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"] if n["role"] == "decode"]
+    os.kill(decodes[0]["pid"], signal.SIGSTOP)       # one decode node frozen: still ready
+    try:
+        deadline = time.monotonic() + 60
+        while states(server)[decodes[0]["name"]][0] == "live":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert health(server)[0] == 200
+        assert chat(client, max_tokens=8, temperature=0.0)  # served by the other decode node
+        os.kill(decodes[1]["pid"], signal.SIGSTOP)   # no decode node answers: not ready, still alive
+        try:
+            while health(server)[0] != 503:
+                assert time.monotonic() < deadline + 60
+                time.sleep(0.5)
+            assert health(server)[1]["status"] == "unavailable"
+            assert request(server.port, "GET", "/health/live")[0] == 200
+        finally:
+            os.kill(decodes[1]["pid"], signal.SIGCONT)
+    finally:
+        os.kill(decodes[0]["pid"], signal.SIGCONT)
+    settle(server)
