@@ -65,6 +65,10 @@ class RayCluster:
         # A Ray that `ray.init()` starts turns token authentication on unless RAY_AUTH_MODE says otherwise,
         # and a driver joining by address uses the token (~/.ray/auth_token) only when RAY_AUTH_MODE=token.
         # The server inherited this environment, so the same default holds for both.
+        # Set for this connection only (close() restores it): a process that later starts a Ray of its
+        # own must not inherit the change. Ray reads it when it first initializes its config in this
+        # process, so `raypd bench chaos` connects from a process of its own (the test runs it so too).
+        self._auth_mode = os.environ.get("RAY_AUTH_MODE")
         os.environ.setdefault("RAY_AUTH_MODE", "token")
         import ray
 
@@ -77,6 +81,8 @@ class RayCluster:
         if self._ray is not None and self._ray.is_initialized():
             self._ray.shutdown()
         self._ray = None
+        if getattr(self, "_auth_mode", "unset") is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
 
     @property
     def ray(self):

@@ -44,7 +44,7 @@ def routed(cluster, rid, ids, route=None):
         with RequestDriver() as driver:
             decision = await cluster.conductor.route.remote(rid, list(ids))
             prefill, decode = (route.prefill, route.decode) if route else \
-                (router.nodes[decision.prefill_node], router.nodes[decision.decode_node])
+                (router.nodes.get(decision.prefill_node), router.nodes.get(decision.decode_node))
             tokens, final = await collect(driver, rid, ids, GREEDY, prefill=prefill, decode=decode)
             await router.delivered(rid, final.num_cached_tokens)
             return decision, tokens, final
