@@ -93,6 +93,10 @@ class DecodeNode:
         """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
         self.core.crash_engine()
 
+    async def fail_requests(self, n: int) -> int:
+        """Chaos testing: fail the next n requests at once, while the node stays up (NodeCore.fail_requests)."""
+        return await self.core.fail_requests(n)
+
     async def shutdown(self) -> None:
         self.core.shutdown()
         self.receiver.close()

@@ -64,6 +64,8 @@ class NodeCore:
         self.instance_id = secrets.token_hex(8)  # new for every incarnation of the actor (Ray restarts)
         self._replies: set[Reply] = set()        # one-shot replies still unanswered
         self._replies_lock = threading.Lock()    # added on the actor's loop, failed from the engine thread
+        self._failures_to_inject = 0             # fail_requests(): engine thread only
+        self._failures_injected = 0
         self.metrics = NodeMetrics()  # records nothing outside Ray
         self._tick, self._on_outputs = tick, on_outputs
         self.loop = EngineLoop(self.engine, self._tick_and_flush, self._outputs_and_flush, self._on_crash, name)
@@ -111,6 +113,17 @@ class NodeCore:
     def crash_engine(self, reason: str = "injected engine crash") -> None:
         """Crash the engine thread for real (chaos tests); the node then fails as after any crash."""
         self.loop.inject_crash(reason)
+
+    async def fail_requests(self, n: int) -> int:
+        """Fail the next `n` streamed requests at once with an error final chunk, as a node whose
+        transfers or engine keep failing while it still answers probes would (the circuit breaker's
+        tests); 0 stops it. Returns how many requests the previous setting failed."""
+        return await self.loop.acall(self._set_failures_to_inject, max(0, int(n)))
+
+    def _set_failures_to_inject(self, n: int) -> int:
+        failed, self._failures_injected = self._failures_injected, 0
+        self._failures_to_inject = n
+        return failed
 
     async def stream(self, req: NodeRequest, add: Callable[[NodeRequest], None],
                      abort: Callable[[str], None]) -> StreamEnd:
@@ -179,6 +192,12 @@ class NodeCore:
 
     def _open_stream(self, req: NodeRequest, reply: Reply, add: Callable[[NodeRequest], None]) -> None:
         if not self.streams.open(req.request_id, req.reply_address, reply):
+            return
+        if self._failures_to_inject > 0:
+            self._failures_to_inject -= 1
+            self._failures_injected += 1
+            self.streams.push(TokenChunk(req.request_id, (), finished=True,
+                                         error=f"node {self.name}: injected request failure"))
             return
         try:
             add(req)

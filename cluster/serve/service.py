@@ -79,7 +79,8 @@ class OpenAIService:
                 idle, load = await asyncio.wait_for(
                     asyncio.gather(n.actor.check_idle.remote(), n.actor.load_report.remote()), timeout_s)
                 return {"name": n.name, "role": n.role, "host": n.host.hostname, "pid": n.host.pid, "held": idle,
-                        "idle": not any(idle.values()), "load": asdict(load)}
+                        "idle": not any(idle.values()), "load": asdict(load),
+                        "breaker": self.generator.breaker.state(n.name).name.lower()}
             except Exception as e:  # noqa: BLE001 - report the node as failing, keep the others
                 return {"name": n.name, "role": n.role, "host": n.host.hostname, "pid": n.host.pid,
                         "error": f"{type(e).__name__}: {e}"}

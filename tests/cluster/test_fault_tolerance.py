@@ -250,6 +250,26 @@ def test_a_replacement_takes_traffic(server, client):
     settle(server)
 
 
+def test_a_node_that_keeps_failing_leaves_routing(server, client):
+    """decode-0 stays up and answers its probes but fails every request: each one that reaches it is
+    retried on decode-1, and after 3 (the breaker's threshold) this replica keeps decode-0 out until
+    its cool-down (10 s) has passed, so at most 3 more can reach it per cool-down."""
+    decode0 = named_actor("raypd-decode-0")
+    ray.get(decode0.fail_requests.remote(1000), timeout=30)
+    t0 = time.monotonic()
+    try:
+        for i in range(12):  # one at a time: each outcome is known to the breaker before the next route
+            assert chat(client, prompt=f"Breaker question {i}.", max_tokens=4, temperature=0.0)
+        report = {n["name"]: n for n in json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"]}
+    finally:
+        reached = ray.get(decode0.fail_requests.remote(0), timeout=30)
+    cooldowns = int((time.monotonic() - t0) // 10)
+    assert 1 <= reached <= 3 + cooldowns, (reached, cooldowns)
+    assert report["raypd-decode-0"]["breaker"] in ("open", "half_open")   # it never succeeded since
+    assert report["raypd-decode-1"]["breaker"] == "closed"
+    settle(server)
+
+
 def test_readiness_follows_the_roles_and_liveness_the_process(server, client):
     status, body = health(server)
     assert status == 200 and body["status"] == "ok"
