@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from raypd.cluster.client.membership import Membership
+from raypd.cluster.client.membership import Membership, MemberState
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.protocol.roles import Role
 
@@ -30,6 +30,7 @@ class NodeSet:
         self._task: asyncio.Task | None = None
         self._failing = False
         self._on_restart: list[Callable[[str], None]] = []
+        self._on_leave: list[Callable[[str, MemberState], None]] = []
 
     @classmethod
     def fixed(cls, nodes: Sequence[NodeHandle], conductor: Any = None) -> NodeSet:
@@ -42,6 +43,10 @@ class NodeSet:
     def on_restart(self, listener: Callable[[str], None]) -> None:
         """Call listener(node name) whenever a refresh shows a node with a new incarnation."""
         self._on_restart.append(listener)
+
+    def on_leave(self, listener: Callable[[str, MemberState], None]) -> None:
+        """Call listener(node name, new state) whenever a refresh shows a live node no longer live."""
+        self._on_leave.append(listener)
 
     def start(self) -> None:
         if self._fetch is not None and self._task is None:
@@ -69,9 +74,14 @@ class NodeSet:
         old, self.membership = self.membership, fresh
         for m in fresh.members:
             before = old.by_name.get(m.name)
-            if before is not None and m.incarnation != before.incarnation:
+            if before is None:
+                continue
+            if m.incarnation != before.incarnation:
                 for listener in self._on_restart:
                     listener(m.name)
+            if before.state is MemberState.LIVE and m.state is not MemberState.LIVE:
+                for leave in self._on_leave:
+                    leave(m.name, m.state)
         return fresh
 
     # -- lookups ------------------------------------------------------------------------------------

@@ -49,6 +49,11 @@ class RequestDriver:
     def close(self) -> None:
         self.receiver.close()
 
+    def fail_node(self, node_name: str, reason: str) -> int:
+        """The caller learnt `node_name` is hung or gone: end its streams now with an error final
+        (blamed on it), so they are retried or replayed instead of waiting out chunk_timeout_s."""
+        return self.receiver.fail_node(node_name, reason)
+
     def __enter__(self) -> RequestDriver:
         return self
 

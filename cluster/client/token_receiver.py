@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 _ENDED = object()  # queued when the node's generate() call returned or failed
 
 
+class _NodeLost(str):
+    """Queued by TokenReceiver.fail_node(): the caller learnt the node is gone or hung; the reason."""
+
+
 def merge(chunks: list[TokenChunk]) -> TokenChunk:
     """One chunk carrying every token of `chunks` in order; the last one's ending and metadata."""
     if len(chunks) == 1:
@@ -51,6 +55,7 @@ class TokenStream:
         self.received = 0          # tokens arrived, the final chunk's included
         self.node_done = False     # the node's call returned or failed: nothing left to abort there
         self.stream_failed = False  # the error final is this stream's own: the node died, fell silent, lost tokens
+        self.node_name = ""        # the node relay() reads from, once it runs
         self._queue: asyncio.Queue = asyncio.Queue()
         self._streams = streams
 
@@ -61,6 +66,10 @@ class TokenStream:
         if self._streams.get(self.request_id) is self:
             del self._streams[self.request_id]
 
+    def node_lost(self, reason: str) -> None:
+        """End the stream now with an error naming `reason` (relay() yields it as the final chunk)."""
+        self._queue.put_nowait(_NodeLost(reason))
+
     async def relay(self, end: Awaitable[StreamEnd], node_name: str, chunk_timeout_s: float,
                     tail_s: float) -> AsyncGenerator[TokenChunk, None]:
         """Yield the request's chunks, coalescing what queued up; the last one, and only it, is final.
@@ -69,6 +78,7 @@ class TokenStream:
         StreamEnd.num_tokens tokens arrived (waiting up to tail_s for the stragglers; else an error
         final: the stream lost tokens). A node that fails the call, or stays silent for
         chunk_timeout_s, ends the stream with an error final naming it."""
+        self.node_name = node_name
         ended = asyncio.ensure_future(end)
         ended.add_done_callback(self._on_end)
         while True:  # tokens until the node's call is over
@@ -79,6 +89,9 @@ class TokenStream:
                 return
             if chunk := self._tokens(items):
                 yield chunk
+            if lost := next((i for i in items if isinstance(i, _NodeLost)), None):
+                yield self._error(str(lost))
+                return
             if any(i is _ENDED for i in items):
                 break
         try:
@@ -120,7 +133,7 @@ class TokenStream:
     def _tokens(self, items: list) -> TokenChunk | None:
         """Count the tokens of `items`; the non-final chunks merged, to yield (a final chunk's tokens
         reach the caller in StreamEnd.final)."""
-        chunks = [c for c in items if c is not _ENDED]
+        chunks = [c for c in items if isinstance(c, TokenChunk)]
         self.received += sum(len(c.token_ids) for c in chunks)
         partial = [c for c in chunks if not c.finished and c.token_ids]
         return merge(partial) if partial else None
@@ -154,6 +167,14 @@ class TokenReceiver:
             self._dispatcher = loop.create_task(self._dispatch())
         stream = self._streams[request_id] = TokenStream(request_id, self._streams)
         return stream
+
+    def fail_node(self, node_name: str, reason: str) -> int:
+        """End every stream relaying from `node_name` with an error (the caller learnt the node is
+        hung or gone, sooner than chunk_timeout_s would tell); returns how many. On the streams' loop."""
+        lost = [s for s in self._streams.values() if s.node_name == node_name]
+        for stream in lost:
+            stream.node_lost(reason)
+        return len(lost)
 
     def close(self) -> None:
         if self._dispatcher is not None and not self._dispatcher.done():

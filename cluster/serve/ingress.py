@@ -51,6 +51,8 @@ class OpenAIIngress:
         self.node_set.start()
         driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s)
         self.driver = driver
+        # A node the pool finds hung or gone: its streams here end now and are replayed elsewhere.
+        self.node_set.on_leave(lambda name, state: driver.fail_node(name, f"node {name} is {state.value}"))
         router = make_router(membership.conductor, self.node_set, route_timeout_s=config.route_timeout_s)
         breaker = CircuitBreaker(config.breaker_failures, config.breaker_window_s, config.breaker_cooldown_s)
         self.node_set.on_restart(breaker.forget)  # a new incarnation starts with a clean record

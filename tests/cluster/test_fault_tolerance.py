@@ -80,6 +80,15 @@ def wait_all_live(server, timeout_s: float = RECOVER_S) -> dict:
         time.sleep(0.5)
 
 
+def wait_restarted(server, name: str, incarnation: int, timeout_s: float = RECOVER_S) -> None:
+    """Until `name` is live again as a later incarnation than `incarnation` (the pool replaced it)."""
+    deadline = time.monotonic() + timeout_s
+    while not (states(server)[name][0] == "live" and states(server)[name][1] > incarnation):
+        assert time.monotonic() < deadline, f"{name} not replaced within {timeout_s}s: {states(server)}"
+        time.sleep(0.5)
+    assert states(server)[name][1] == incarnation + 1
+
+
 def holder(server, role: str, timeout_s: float = 60.0) -> dict:
     """The node of `role` that holds a request now (polling /admin/nodes)."""
     deadline = time.monotonic() + timeout_s
@@ -150,9 +159,29 @@ def test_decode_killed_mid_stream_continues_the_same_stream(server, client, samp
     text, usage = stream_with_fault(client, kill_decode, **sampling)
     assert text == reference                 # no gap, no duplicate, no lost token; the same seeded stream
     assert usage.completion_tokens == 48
-    body = wait_all_live(server)
-    after = {n["name"]: n["incarnation"] for n in body["nodes"]}
-    assert after[killed["name"]] == before[killed["name"]][1] + 1   # the pool's replacement is live
+    wait_restarted(server, killed["name"], before[killed["name"]][1])   # the pool's replacement is live
+    settle(server)
+
+
+def test_decode_frozen_mid_stream_is_replayed_long_before_the_chunk_timeout(server, client):
+    """SIGSTOP of the decode node serving a stream: the pool's probe times out (5 s), the node is
+    `unresponsive`, and the ingress ends the node's streams and replays them elsewhere; the client,
+    whose timeout (90 s) is below the driver's chunk timeout (120 s), gets the whole stream."""
+    reference = chat(client, temperature=0.0)
+    frozen = {}
+
+    def freeze_decode():
+        n = holder(server, "decode")
+        frozen.update(n)
+        os.kill(n["pid"], signal.SIGSTOP)
+
+    try:
+        text, usage = stream_with_fault(client.with_options(timeout=90), freeze_decode, temperature=0.0)
+        assert text == reference and usage.completion_tokens == 48
+        assert states(server)[frozen["name"]][0] == "unresponsive"
+    finally:
+        if frozen:
+            os.kill(frozen["pid"], signal.SIGCONT)  # it wakes, finds its stream aborted, frees it
     settle(server)
 
 
@@ -168,9 +197,7 @@ def test_engine_crash_mid_stream_is_replayed_and_the_node_restarts(server, clien
     before = states(server)
     text, _ = stream_with_fault(client, crash_decode, temperature=0.0)
     assert text == reference
-    body = wait_all_live(server)
-    after = {n["name"]: n["incarnation"] for n in body["nodes"]}
-    assert after[crashed["name"]] == before[crashed["name"]][1] + 1
+    wait_restarted(server, crashed["name"], before[crashed["name"]][1])
     settle(server)
 
 
@@ -238,10 +265,7 @@ def test_a_replacement_takes_traffic(server, client):
     """Kill prefill-0, wait for its replacement, then kill prefill-1: only the replacement can serve."""
     before = states(server)
     sigkill(json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"][0]["pid"])
-    deadline = time.monotonic() + RECOVER_S
-    while states(server)["raypd-prefill-0"] != ("live", before["raypd-prefill-0"][1] + 1):
-        assert time.monotonic() < deadline, states(server)
-        time.sleep(0.5)
+    wait_restarted(server, "raypd-prefill-0", before["raypd-prefill-0"][1])
     p1 = next(n for n in json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"]
               if n["name"] == "raypd-prefill-1")
     sigkill(p1["pid"])

@@ -134,3 +134,33 @@ def test_open_refusals_and_a_caller_that_never_reads():
         finally:
             node.close()
     asyncio.run(main())
+
+
+def test_a_node_the_caller_learns_is_hung_ends_its_streams_at_once():
+    async def main():
+        rx = TokenReceiver("127.0.0.1")
+        node = TokenStreams()
+        try:
+            loop = asyncio.get_running_loop()
+            hung, other = rx.open("h1"), rx.open("o1")
+            assert node.open("h1", rx.address, Reply())
+            node.push(chunk("h1", 4, 5))
+            node.flush()
+            # The node's call never returns and no more tokens come (a frozen process).
+            relays = [asyncio.ensure_future(_collect(s.relay(loop.create_future(), name, 60.0, 1.0)))
+                      for s, name in ((hung, "node-x"), (other, "node-y"))]
+            await asyncio.sleep(0.1)
+            assert rx.fail_node("node-x", "node node-x is unresponsive") == 1
+            chunks = await asyncio.wait_for(relays[0], 5)      # long before the 60 s chunk timeout
+            assert chunks[0].token_ids == (4, 5)
+            assert chunks[-1].finished and chunks[-1].error == "node node-x is unresponsive"
+            assert hung.stream_failed and not relays[1].done()  # another node's stream is untouched
+            relays[1].cancel()
+        finally:
+            node.close()
+            rx.close()
+    asyncio.run(main())
+
+
+async def _collect(agen) -> list:
+    return [c async for c in agen]

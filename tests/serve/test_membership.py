@@ -219,3 +219,20 @@ def test_node_set_tells_its_listeners_about_restarts():
         await nodes.refresh()
         assert restarted == ["d1"]            # told once per new incarnation
     asyncio.run(run())
+
+
+def test_node_set_tells_its_listeners_when_a_live_node_leaves():
+    async def run():
+        m1, _ = membership()
+        m2 = replace(m1, version=2, members=tuple(replace(x, state=MemberState.UNRESPONSIVE) if x.name == "d0" else x
+                                                  for x in m1.members))
+
+        async def fetch():
+            return m2
+        nodes = NodeSet(m1, fetch)
+        left: list[tuple[str, MemberState]] = []
+        nodes.on_leave(lambda name, state: left.append((name, state)))
+        await nodes.refresh()
+        await nodes.refresh()
+        assert left == [("d0", MemberState.UNRESPONSIVE)]   # once, on the transition
+    asyncio.run(run())
