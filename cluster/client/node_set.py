@@ -30,7 +30,7 @@ class NodeSet:
         self._task: asyncio.Task | None = None
         self._failing = False
         self._on_restart: list[Callable[[str], None]] = []
-        self._on_leave: list[Callable[[str, MemberState], None]] = []
+        self._on_leave: list[Callable[[str, MemberState], object]] = []
 
     @classmethod
     def fixed(cls, nodes: Sequence[NodeHandle], conductor: Any = None) -> NodeSet:
@@ -44,7 +44,7 @@ class NodeSet:
         """Call listener(node name) whenever a refresh shows a node with a new incarnation."""
         self._on_restart.append(listener)
 
-    def on_leave(self, listener: Callable[[str, MemberState], None]) -> None:
+    def on_leave(self, listener: Callable[[str, MemberState], object]) -> None:
         """Call listener(node name, new state) whenever a refresh shows a live node no longer live."""
         self._on_leave.append(listener)
 

@@ -89,8 +89,8 @@ class TokenStream:
                 return
             if chunk := self._tokens(items):
                 yield chunk
-            if lost := next((i for i in items if isinstance(i, _NodeLost)), None):
-                yield self._error(str(lost))
+            if gone := next((i for i in items if isinstance(i, _NodeLost)), None):
+                yield self._error(str(gone))
                 return
             if any(i is _ENDED for i in items):
                 break
