@@ -24,7 +24,7 @@ from raypd.cluster.client.membership import MemberState
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.router import Route, Router
-from raypd.conductor.errors import AdmissionRejected
+from raypd.conductor.errors import AdmissionRejected, NoCandidateError
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,10 @@ class ConductorRouter(Router):
             self._away_until = time.monotonic() + self.away_s
             return await self._fall_back(request_id, prompt_token_ids, exclude,
                                          f"the Conductor did not answer within {self.timeout_s:g}s")
-        except Exception as e:  # noqa: BLE001 - dead, restarting, no candidate it knows of yet: route locally
-            if not _is_no_candidate(e):
-                self._away_until = time.monotonic() + self.away_s
+        except NoCandidateError as e:  # it knows of no live candidate yet (just restarted): route locally
+            return await self._fall_back(request_id, prompt_token_ids, exclude, f"NoCandidateError: {e}")
+        except Exception as e:  # noqa: BLE001 - dead or restarting: route locally, and skip it for away_s
+            self._away_until = time.monotonic() + self.away_s
             return await self._fall_back(request_id, prompt_token_ids, exclude, f"{type(e).__name__}: {e}")
         prefill, decode = self.nodes.get(d.prefill_node), self.nodes.get(d.decode_node)
         live = {n.name for n in self.nodes.live()}
@@ -85,9 +86,3 @@ class ConductorRouter(Router):
             log.warning("routing locally (%d so far): %s", self.num_fallbacks, why)
         return await self.fallback.route(request_id, prompt_token_ids, exclude)
 
-
-def _is_no_candidate(e: BaseException) -> bool:
-    """NoCandidateError, also as Ray re-raises it from the actor."""
-    from raypd.conductor.errors import NoCandidateError
-
-    return isinstance(e, NoCandidateError) or isinstance(getattr(e, "cause", None), NoCandidateError)

@@ -65,8 +65,6 @@ class Generator:
         self.retry_limit = retry_limit
         self.migration_limit = migration_limit
         self.breaker = breaker or CircuitBreaker()
-        self.num_retries = 0
-        self.num_migrations = 0
 
     def run(self, request_id: str, prepared: PreparedRequest,
             echo: list[str] | None = None) -> ChoiceStream:
@@ -157,7 +155,6 @@ class Generator:
                 if migrations > self.migration_limit:
                     raise ServiceUnavailable(f"the request failed on the cluster after {migrations - 1} "
                                              f"replays: {failure.error}", code="node_failure")
-                self.num_migrations += 1
                 log.warning("%s: %s; replaying %d generated tokens elsewhere", request_id, failure.error,
                             len(generated))
             else:
@@ -165,7 +162,6 @@ class Generator:
                 if retries > self.retry_limit:
                     raise ServiceUnavailable(f"the request failed on the cluster after {retries - 1} "
                                              f"retries: {failure.error}", code="node_failure")
-                self.num_retries += 1
                 log.warning("%s: %s; retrying on other nodes", request_id, failure.error)
 
 
