@@ -48,6 +48,7 @@ import torch
 from raypd.engine.cache import host_memory
 from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
 from raypd.kvtransfer import TransferState as S
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
 from raypd.kvtransfer.descriptors import coalesce_runs
 
 SMOLLM2_BLOCK_BYTES = 737_280
@@ -55,11 +56,11 @@ HANDOFF_BLOCKS = 16
 AUX_SLOTS, AUX_BYTES = 64, 64
 
 
-def bench_config(backend: str, progress_thread: bool = False) -> TransferConfig:
+def bench_config(backend: str, secret: DataPlaneSecret, progress_thread: bool = False) -> TransferConfig:
     # Generous timeouts: a multi-GiB write on a loaded 2-core machine takes seconds.
     return TransferConfig(backend=backend, nixl_ucx_devices="lo", nixl_progress_thread=progress_thread,
                           bootstrap_timeout_s=60.0, transfer_timeout_s=300.0, heartbeat_interval_s=1.0,
-                          heartbeat_timeout_s=60.0)
+                          heartbeat_timeout_s=60.0, secret=secret)
 
 
 def make_pool(num_blocks: int, block_bytes: int, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,9 +71,10 @@ def make_pool(num_blocks: int, block_bytes: int, fill: int) -> tuple[torch.Tenso
 
 
 # -- the receiver child ---------------------------------------------------------------------------
-def receiver_main(conn, backend: str, progress_thread: bool, num_blocks: int, block_bytes: int) -> None:
+def receiver_main(conn, backend: str, secret: DataPlaneSecret, progress_thread: bool, num_blocks: int,
+                  block_bytes: int) -> None:
     pool, aux = make_pool(num_blocks, block_bytes, 0)
-    with KVReceiver(pool, aux, bench_config(backend, progress_thread)) as rcv:
+    with KVReceiver(pool, aux, bench_config(backend, secret, progress_thread)) as rcv:
         conn.send(("ready", os.getpid(), pool.data_ptr()))  # pid and address: for the raw CMA reference
         while conn.poll(600):
             op, args = conn.recv()
@@ -90,11 +92,12 @@ def receiver_main(conn, backend: str, progress_thread: bool, num_blocks: int, bl
 
 
 class Receiver:
-    def __init__(self, backend: str, progress_thread: bool, num_blocks: int, block_bytes: int):
+    def __init__(self, backend: str, secret: DataPlaneSecret, progress_thread: bool, num_blocks: int,
+                 block_bytes: int):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=receiver_main, args=(child, backend, progress_thread, num_blocks, block_bytes),
-                                daemon=True)
+        self.proc = ctx.Process(target=receiver_main,
+                                args=(child, backend, secret, progress_thread, num_blocks, block_bytes), daemon=True)
         self.proc.start()
         child.close()
         ready, self.pid, self.pool_addr = self._expect(None, 300)
@@ -255,9 +258,10 @@ def run_benchmark(sizes=(1, 16, 256, 4096), block_bytes: int = SMOLLM2_BLOCK_BYT
     room = 1
     for backend, pthread in variants:
         label = backend + ("+progress_thread" if pthread else "")
-        rcv = Receiver(backend, pthread, num_blocks, block_bytes)
+        secret = DataPlaneSecret.generate()  # the two processes' deployment secret
+        rcv = Receiver(backend, secret, pthread, num_blocks, block_bytes)
         try:
-            with KVSender(pool, aux, bench_config(backend, pthread)) as snd:
+            with KVSender(pool, aux, bench_config(backend, secret, pthread)) as snd:
                 # UCX finishes wiring a new peer up during the first few writes (they can take ms): keep
                 # those out of the timings.
                 for _ in range(8):

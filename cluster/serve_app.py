@@ -13,17 +13,30 @@ import os
 from dataclasses import fields
 
 from ray.serve import Application
+from ray.serve.config import BackpressureConfig
 
+from raypd.cluster.openai.api_errors import RETRY_AFTER_S
 from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 from raypd.cluster.serve.ingress import OpenAIIngress
 from raypd.cluster.serve.node_pool import NodePool
+
+# Room above a replica's AdmissionGate in Serve's own per-replica limit: the requests the gate is
+# refusing right now, health probes, /admin and /v1/models.
+SERVE_HEADROOM = 64
 
 
 def build_serve_app(config: ServeConfig) -> Application:
     # @serve.deployment turns the classes into Deployments; type checkers still see the classes.
     pool = NodePool.bind(config)  # type: ignore[attr-defined]
-    ingress = OpenAIIngress.options(num_replicas=config.ingress_replicas,  # type: ignore[attr-defined]
-                                    ray_actor_options={"num_cpus": config.ingress_cpus})
+    # Serve's limits sit above the gate's (which answers 429 with an OpenAI body), so Serve's own
+    # back-pressure only ever meets a flood the gate cannot answer fast enough; then it answers 429
+    # with Retry-After too, never its default 503.
+    ongoing, queued = config.admission_limits()
+    serve_limit = ongoing + queued + SERVE_HEADROOM
+    ingress = OpenAIIngress.options(  # type: ignore[attr-defined]
+        num_replicas=config.ingress_replicas, ray_actor_options={"num_cpus": config.ingress_cpus},
+        max_ongoing_requests=serve_limit, max_queued_requests=serve_limit,
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S))
     return ingress.bind(config, pool)
 
 

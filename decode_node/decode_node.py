@@ -2,9 +2,10 @@
 the caller minted (the prefill node knows the same id).
 
     generate(req) ─> PreallocStage ─blocks reserved, aux slot─> TransferStage ─KV landed─> RunningStage
-                         │ prealloc timeout                          │ room FAILED            │ stop / length
-                         v                                           v                        v
-                   final chunk (error)                       final chunk (error)    final chunk (finish_reason)
+        │                │ prealloc timeout                          │ room FAILED            │ stop / length
+        │                v                                           v                        v
+        │          final chunk (overloaded)                  final chunk (error)    final chunk (finish_reason)
+        └─ max_waiting_requests already in PreallocStage ─> final chunk (overloaded) at once, nothing held
     abort(request_id): PREALLOC / RUNNING ─> final chunk "abort" at once;
                        TRANSFER ─> the receiver aborts the room ─room terminal─> final chunk "abort"
 
@@ -26,9 +27,10 @@ from raypd.decode_node.transfer_stage import TransferStage
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer import KVReceiver
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
 from raypd.node.aux_slots import AuxSlots
 from raypd.node.node_core import NodeCore
-from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from raypd.protocol.messages import OVERLOADED, KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
 from raypd.protocol.roles import Role
 
 P = DecodePhase
@@ -39,10 +41,10 @@ class DecodeNode:
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 prealloc_timeout_s: float | None = None):
+                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None):
         self.name = name
         self.core = core = NodeCore(name, self.role, model, engine_options, num_cpus,
-                                    tick=self._tick, on_outputs=self._on_outputs)
+                                    tick=self._tick, on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
         self.host = core.host
         engine = core.engine
         self.transfer_config = cfg = core.transfer_config(transfer_options)
@@ -55,6 +57,10 @@ class DecodeNode:
         self.transfer = TransferStage(engine, self.receiver, self.aux)
         self.running = RunningStage(engine, core.streams)
         self.requests: dict[str, DecodeRequest] = {}  # every request on the node, whichever its stage
+        # Back-pressure: at most this many wait for KV memory; the next is refused at once (HTTP 429
+        # at the ingress) instead of waiting out the prealloc timeout behind them.
+        self.max_waiting = engine.config.waiting_limit
+        self.num_refused = 0
         core.start()
 
     # -- Ray-callable ---------------------------------------------------------------------------------
@@ -114,6 +120,12 @@ class DecodeNode:
         except InvalidRequestError as e:
             self.core.streams.push(TokenChunk(rid, (), finished=True, error=str(e)))
             return
+        if (blocked := self.prealloc.num_blocked) >= self.max_waiting:
+            self.num_refused += 1
+            self.core.streams.push(TokenChunk(
+                rid, (), True, OVERLOADED, f"decode node {self.name} is full: {blocked} requests already "
+                                           f"wait for KV memory (max_waiting_requests)"))
+            return
         dr = DecodeRequest(req, t={"arrived": time.time()})
         self.requests[rid] = dr
         self.prealloc.add(dr)
@@ -132,6 +144,7 @@ class DecodeNode:
         if self.prealloc:
             for dr in self.prealloc.pop_ended():
                 dr.error = f"no KV memory for the prompt on {self.name} within {self.prealloc.timeout_s:g}s"
+                dr.overloaded = True
                 self._end(dr)
             for dr in self.prealloc.pop_ready():
                 try:
@@ -163,9 +176,11 @@ class DecodeNode:
         del self.requests[dr.request_id]
         dr.t["ended"] = time.time()
         tokens = tuple(last.new_token_ids) if last is not None else ()
-        reason = last.finish_reason if last is not None else ("abort" if dr.aborting else None)
-        self.core.streams.push(TokenChunk(dr.request_id, tokens, True, reason, None if reason else dr.error,
-                                          dr.num_cached_tokens, dr.timings()))
+        reason = last.finish_reason if last is not None else \
+            ("abort" if dr.aborting else OVERLOADED if dr.overloaded else None)
+        error = dr.error if reason in (None, OVERLOADED) else None
+        self.core.streams.push(TokenChunk(dr.request_id, tokens, True, reason, error, dr.num_cached_tokens,
+                                          dr.timings()))
 
     # -- load and introspection ---------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:
@@ -180,7 +195,7 @@ class DecodeNode:
         t = self.transfer
         queues = {"prealloc": len(self.prealloc), "transfer": len(t) - t.num_aborting, "running": len(self.running),
                   "aborting": t.num_aborting}
-        return {"queues": queues, "transfer": asdict(self.receiver.stats())}
+        return {"queues": queues, "refused": self.num_refused, "transfer": asdict(self.receiver.stats())}
 
     def _check_idle(self) -> dict:
         return self.core.check_idle(rooms=len(self.requests), endpoint_rooms=self.receiver.stats().rooms,

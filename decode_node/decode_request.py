@@ -34,6 +34,7 @@ class DecodeRequest:
     record: AuxRecord | None = None       # what the prefill node wrote beside the KV, once it landed
     num_cached_tokens: int = 0            # prompt tokens the prefill node served from its cache
     aborting: bool = False                # abort() asked: it ends with finish_reason "abort"
+    overloaded: bool = False              # waited its bound for KV memory: ends with finish_reason OVERLOADED
     error: str | None = None              # why it failed, set by the stage it ended in
     t: dict[str, float] = field(default_factory=dict)  # time.time() of each event
 

@@ -8,7 +8,8 @@
 
 Back-pressure: while the head cannot reserve, nobody behind it does, so a long prompt is not starved
 by short ones, and the running requests keep room to grow. All wait the same timeout, so the head
-is always the first to expire.
+is always the first to expire. `num_blocked` counts the requests the last pop_ready() left waiting,
+which the node bounds (a burst that arrives between two ticks and gets memory at once never waits).
 """
 from __future__ import annotations
 
@@ -26,9 +27,15 @@ class PreallocStage:
         self._aux = aux
         self.timeout_s = timeout_s
         self._queue: deque[DecodeRequest] = deque()
+        self._left = 0  # requests the last pop_ready() could not serve
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    @property
+    def num_blocked(self) -> int:
+        """Requests waiting since the last pop_ready() found no memory for them (some may have left since)."""
+        return min(self._left, len(self._queue))
 
     def add(self, dr: DecodeRequest) -> None:
         dr.phase = DecodePhase.PREALLOC
@@ -48,6 +55,7 @@ class PreallocStage:
             dr.aux_slot = self._aux.take()
             dr.t["reserved"] = time.time()
             ready.append(dr)
+        self._left = len(self._queue)
         return ready
 
     def pop_ended(self) -> list[DecodeRequest]:

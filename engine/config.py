@@ -15,6 +15,11 @@ class EngineConfig:
     chunked_prefill_size: int = 256  # <= 0 disables chunking
     max_num_batched_tokens: int = 512
     max_running_requests: int = 64
+    # Admission bound of the node that owns this engine, read by the node (the scheduler never
+    # refuses): how many of its requests may wait to run (decode: for KV memory; prefill and mixed:
+    # in this engine's waiting queue). The next one is refused at once (the ingress answers 429).
+    # None: max_running_requests.
+    max_waiting_requests: int | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     enable_prefix_cache: bool = True
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -37,6 +42,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
+            raise ConfigError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ConfigError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -48,3 +55,8 @@ class EngineConfig:
             raise ConfigError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
+
+    @property
+    def waiting_limit(self) -> int:
+        """max_waiting_requests, or max_running_requests when unset."""
+        return self.max_running_requests if self.max_waiting_requests is None else self.max_waiting_requests

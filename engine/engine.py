@@ -76,6 +76,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.reservations: dict[object, list[int]] = {}  # PD decode: blocks waiting for a transfer
         self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)
+        self._left_waiting = 0     # requests the last step's schedule did not admit
         self._ids = itertools.count()
 
     def _use_packed_linears(self, cfg: EngineConfig, dtype: torch.dtype) -> bool:
@@ -239,6 +240,7 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule()
         self.last_step_tokens = batch.num_tokens
+        self._left_waiting = len(self.scheduler.waiting)
         if not batch:
             return []
         sampled = self.runner.run(batch)
@@ -280,6 +282,12 @@ class LLMEngine:
         return EngineLoad(len(sched.waiting), len(sched.running), queued,
                           self.allocator.num_free + self.prefix_cache.num_evictable_blocks,
                           self.prefix_cache.num_cached_blocks, self.num_blocks)
+
+    def num_backlogged(self) -> int:
+        """Requests the last step left waiting (no running slot or no memory for them) that still
+        wait: what a node's max_waiting_requests bounds. Requests added since are not counted: the
+        next step may admit them all, so a burst the engine can take is not refused."""
+        return min(self._left_waiting, len(self.scheduler.waiting))
 
     def block_accounting(self) -> BlockAccounting:
         cached = self.prefix_cache.cached_blocks()

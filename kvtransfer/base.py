@@ -52,16 +52,36 @@ class PeerInfo:
     layout: PoolLayout
 
 
+@dataclass(frozen=True, slots=True)
+class WriteWindow:
+    """Where one expected write may land, as a revocable backend's receiving side checks it."""
+    peer: str                  # the writer's endpoint name
+    blocks: frozenset[int]
+    aux: int | None
+
+    @classmethod
+    def of(cls, peer: str, blocks: np.ndarray, aux: int | None) -> WriteWindow:
+        return cls(peer, frozenset(int(b) for b in np.asarray(blocks).tolist()), aux)
+
+    def admits(self, peer: str, first_block: int, last_block: int) -> bool:
+        return peer == self.peer and all(b in self.blocks for b in range(first_block, last_block + 1))
+
+
 class TransferBackend(ABC):
     """Moves blocks between registered pools of two processes. Subclasses set `name` and register.
 
     Lifecycle: __init__ -> register(pool, aux) once -> metadata() goes to peers over the bootstrap
-    channel -> add_peer(their metadata) on the writing side -> write / poll / release, notifications
-    on the reading side -> remove_peer -> close.
+    channel -> add_peer(their metadata) on the writing side -> write / poll / release on the writing
+    side; open_window / notifications / close_window on the receiving side -> remove_peer -> close.
     """
 
     name: str = ""
     layout: PoolLayout  # set by register()
+    # True when close_window() guarantees that no byte of that write lands afterwards (the receiver
+    # checks every piece: tcp, fake). False for one-sided writes the receiver cannot refuse (nixl's
+    # RDMA): a receiver then frees an aborted room's blocks only once the sender confirmed or its
+    # bound on a write in flight has passed (receiver.py).
+    revocable: bool = False
 
     def __init__(self, config: TransferConfig, endpoint_name: str):
         self.config = config
@@ -106,6 +126,15 @@ class TransferBackend(ABC):
     @abstractmethod
     def release(self, xfer: XferId) -> None:
         """Free the write's resources, cancelling it if it is still in flight."""
+
+    # Not abstract: a backend that cannot refuse writes has nothing to do here (noqa: B027).
+    def open_window(self, peer: str, notification: bytes, blocks: np.ndarray, aux: int | None) -> None:  # noqa: B027
+        """Receiving side: the write that `peer` tags with `notification` may now land in these blocks
+        and aux slot, and nowhere else. A revocable backend drops any other write."""
+
+    def close_window(self, notification: bytes) -> None:  # noqa: B027
+        """Receiving side: once this returns, no byte of the write tagged `notification` lands (when
+        `revocable`). Unknown notifications are ignored."""
 
     @abstractmethod
     def notifications(self) -> list[Notification]:

@@ -1,7 +1,9 @@
 """TransferConfig: the frozen options of one transfer endpoint, every timeout among them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class TransferConfig:
     tcp_chunk_bytes: int = 4 << 20
     # Largest bootstrap message accepted; a bigger one is dropped by ZMQ before it is decoded.
     max_message_bytes: int = 16 << 20
+    # Every bootstrap and tcp data connection proves it holds this (ZMQ CURVE); never logged.
+    secret: DataPlaneSecret = field(default_factory=process_secret, repr=False, compare=False)
+    # Sender: destinations that arrived before their request (each holds a receiver's blocks until it
+    # expires) and registered receivers; beyond these a newcomer is refused, so memory stays bounded.
+    max_orphans: int = 4096
+    max_peers: int = 256
 
     def __post_init__(self) -> None:
         for name in ("bootstrap_timeout_s", "wait_timeout_s", "transfer_timeout_s", "heartbeat_interval_s",
@@ -46,6 +54,10 @@ class TransferConfig:
             raise ValueError(f"bootstrap_port out of range: {self.bootstrap_port}")
         if self.tcp_chunk_bytes < 4096 or self.max_message_bytes < 4096:
             raise ValueError("tcp_chunk_bytes and max_message_bytes must be >= 4096")
+        if self.max_orphans < 1 or self.max_peers < 1:
+            raise ValueError("max_orphans and max_peers must be >= 1")
+        if not isinstance(self.secret, DataPlaneSecret):
+            raise TypeError(f"secret must be a DataPlaneSecret, got {type(self.secret).__name__}")
 
     def with_(self, **changes) -> TransferConfig:
         return replace(self, **changes)

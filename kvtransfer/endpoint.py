@@ -12,6 +12,7 @@ import zmq
 
 from raypd.kvtransfer.base import TransferState, create_backend
 from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.data_plane_auth import unguard
 from raypd.kvtransfer.endpoint_loop import EndpointLoop
 from raypd.kvtransfer.rooms import Room, RoomTable
 
@@ -80,6 +81,7 @@ class Endpoint(ABC):
         self._loop.stop()
         self._close_sockets()
         self.backend.close()
+        unguard(self._ctx)
         self._ctx.term()
 
     def __enter__(self):

@@ -2,7 +2,10 @@
 
 For unit tests of callers (queues, rooms, the bootstrap protocol) without NIXL or sockets. Knobs
 make it misbehave on purpose: `fail_writes` fails every post, `hold_writes` keeps writes in
-TRANSFERRING until `complete_held()`, `drop_notifications` loses them.
+TRANSFERRING until `complete_held()`, `drop_notifications` loses them, `unrecallable_writes` lets
+held writes land even after release() (as tcp pieces already queued in ZMQ do). Like tcp it is revocable: a
+write lands only inside the receiver's open window for it (set `revocable = False` on the receiving
+instance to model nixl's one-sided writes, which land regardless).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import msgpack
 import numpy as np
 import torch
 
-from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, WriteWindow, XferId
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
@@ -25,6 +28,7 @@ _ids = itertools.count(1)
 
 class FakeBackend(TransferBackend):
     name = "fake"
+    revocable = True
     pool: torch.Tensor  # set by register(), like layout
     aux: torch.Tensor
 
@@ -33,10 +37,13 @@ class FakeBackend(TransferBackend):
         self.fail_writes = False
         self.hold_writes = False
         self.drop_notifications = False
+        self.unrecallable_writes = False
         self._peers: dict[str, PeerInfo] = {}
         self._xfers: dict[XferId, tuple[TransferState, str, KVTransferError | None]] = {}
         self._held: list[tuple[XferId, Callable[[], None]]] = []
         self._inbox: list[Notification] = []
+        self._windows: dict[bytes, WriteWindow] = {}
+        self.num_refused = 0   # writes dropped for want of an open window
         _FABRIC[endpoint_name] = self
 
     def register(self, pool: torch.Tensor, aux: torch.Tensor) -> PoolLayout:
@@ -73,6 +80,11 @@ class FakeBackend(TransferBackend):
         xfer = XferId(next(_ids))
 
         def land() -> None:
+            if not target.admits(self.endpoint_name, bytes(notification), dst_blocks, dst_aux):
+                target.num_refused += 1
+                if xfer in self._xfers:  # not released meanwhile
+                    self._xfers[xfer] = (TransferState.FAILED, peer, TransferError("the receiver has no window for it"))
+                return
             src = torch.as_tensor(np.asarray(src_blocks), device=self.pool.device)
             dst = torch.as_tensor(np.asarray(dst_blocks), device=target.pool.device)
             target.pool.index_copy_(0, dst, self.pool.index_select(0, src).to(target.pool.device))
@@ -80,7 +92,8 @@ class FakeBackend(TransferBackend):
                 target.aux[dst_aux].copy_(self.aux[src_aux])
             if not target.drop_notifications:
                 target._inbox.append(Notification(self.endpoint_name, bytes(notification)))
-            self._xfers[xfer] = (TransferState.SUCCESS, peer, None)
+            if xfer in self._xfers:
+                self._xfers[xfer] = (TransferState.SUCCESS, peer, None)
 
         self._xfers[xfer] = (TransferState.TRANSFERRING, peer, None)
         if self.hold_writes:
@@ -88,6 +101,19 @@ class FakeBackend(TransferBackend):
         else:
             land()
         return xfer
+
+    def open_window(self, peer: str, notification: bytes, blocks: np.ndarray, aux: int | None) -> None:
+        self._windows[bytes(notification)] = WriteWindow.of(peer, blocks, aux)
+
+    def close_window(self, notification: bytes) -> None:
+        self._windows.pop(bytes(notification), None)
+
+    def admits(self, writer: str, notification: bytes, blocks: np.ndarray, aux: int | None) -> bool:
+        if not self.revocable:
+            return True
+        w = self._windows.get(notification)
+        return (w is not None and w.peer == writer and all(int(b) in w.blocks for b in np.asarray(blocks).tolist())
+                and (aux is None or aux == w.aux))
 
     def complete_held(self) -> int:
         held, self._held = self._held, []
@@ -103,7 +129,8 @@ class FakeBackend(TransferBackend):
 
     def release(self, xfer: XferId) -> None:
         self._xfers.pop(xfer, None)
-        self._held = [(x, f) for x, f in self._held if x != xfer]
+        if not self.unrecallable_writes:
+            self._held = [(x, f) for x, f in self._held if x != xfer]
 
     def notifications(self) -> list[Notification]:
         out, self._inbox = self._inbox, []

@@ -6,8 +6,16 @@ destination blocks and aux slot, and finishes the room when the sender's write n
     receiver.poll(room) == SUCCESS   # the KV and aux slot are in place: decode from them, release(room)
     receiver.poll(room) == FAILED    # free the reserved blocks, release(room); failure_reason(room) says why
 
-An abort of a room whose destination the sender may know is confirmed by the sender (Aborted)
-before the room turns FAILED, so the reserved blocks are never freed while a write may still land.
+No write lands in a room's blocks once the room is FAILED, so the caller may free or reuse them
+the moment poll() says so. How depends on the backend:
+- revocable (tcp, fake): the backend admits a room's write only while its window is open; the
+  window opens just before the destination goes out and closes when the room succeeds, fails or is
+  aborted, on this endpoint's thread, before the room's state changes. An abort is then immediate.
+- not revocable (nixl: one-sided writes the receiver cannot refuse): an abort of a room whose
+  destination the sender may know waits for the sender's confirmation (Aborted), or for the sender's
+  own bound on a write in flight (transfer_timeout_s) plus the time to notice (heartbeat_timeout_s).
+  A sender that goes silent is given heartbeat_timeout_s more: by then it has dropped this receiver
+  and cancelled its writes (and a sender never posts a write past its room's deadline).
 """
 from __future__ import annotations
 
@@ -82,7 +90,8 @@ class KVReceiver(Endpoint):
     def _link(self, address: str) -> BootstrapLink:
         link = self._links.get(address)
         if link is None:
-            link = BootstrapLink(self._ctx, address, self.name, self.config.max_message_bytes, self.rooms.clock())
+            link = BootstrapLink(self._ctx, address, self.name, self.config.max_message_bytes, self.rooms.clock(),
+                                 self.config.secret)
             self._links[address] = link
             link.send(schema.Register(self.name, self.backend.name, self.backend.metadata()))
         return link
@@ -101,7 +110,8 @@ class KVReceiver(Endpoint):
             if r.state != S.BOOTSTRAPPING or r.aborting or r.destination_sent:
                 return
             r.destination_sent = True  # from here on the sender may write: aborts need its confirmation
-        assert r.dst_blocks is not None  # always set by add_room
+        assert r.dst_blocks is not None and link.server_name is not None  # set by add_room / Registered
+        self.backend.open_window(link.server_name, schema.notification_for(r.room), r.dst_blocks, r.dst_aux)
         link.send(schema.Destination(r.room, r.dst_blocks.tolist(), r.dst_aux))
         self.rooms.advance(r, S.WAITING_FOR_INPUT, self.config.wait_timeout_s)
 
@@ -128,9 +138,9 @@ class KVReceiver(Endpoint):
                 self.rooms.advance(r, S.TRANSFERRING, self.config.transfer_timeout_s)
             elif isinstance(msg, schema.Abort):
                 # A sender sends Abort only once its write for the room can no longer land.
-                self.rooms.fail(r, (r.reason or "aborted") if r.aborting else f"aborted by the sender: {msg.reason}")
+                self._fail(r, (r.reason or "aborted") if r.aborting else f"aborted by the sender: {msg.reason}")
             elif r.aborting:
-                self.rooms.fail(r, r.reason or "aborted")
+                self._fail(r, r.reason or "aborted")
         else:
             log.error("%s: unexpected %s from %s", self.name, type(msg).__name__, link.address)
 
@@ -143,8 +153,10 @@ class KVReceiver(Endpoint):
                 log.debug("%s: notification %r from %s matches no room", self.name, n.message[:40], n.peer)
                 continue
             # While aborting we wait for the sender's word instead: it may have failed the room.
-            if r.destination_sent and not r.aborting and self.rooms.advance(r, S.SUCCESS):
-                link.send(schema.Done(r.room))
+            if r.destination_sent and not r.aborting:
+                self.backend.close_window(n.message)  # a second write must not touch blocks now decoding
+                if self.rooms.advance(r, S.SUCCESS):
+                    link.send(schema.Done(r.room))
 
     def _abort_local(self, room: int, reason: str) -> None:
         with self.rooms.cond:
@@ -152,23 +164,44 @@ class KVReceiver(Endpoint):
             if r is None or r.state.is_terminal or r.aborting:
                 return
             if not r.destination_sent:
-                self.rooms.fail(r, reason)
+                self._fail(r, reason)
                 return
-            self.rooms.mark_aborting(r, reason, self.config.heartbeat_timeout_s)
-        link = self._links.get(r.peer)
+            link = self._links.get(r.peer)
+            if self.backend.revocable:
+                self._fail(r, reason)  # closes the window: nothing of the room can land from here on
+            else:
+                self.rooms.mark_aborting(r, reason, self.config.transfer_timeout_s + self.config.heartbeat_timeout_s)
         if link is None or not link.send(schema.Abort(room, reason)):
-            self.rooms.fail(r, reason)
+            self._quarantine_or_fail(r, reason)
 
     def _check_deadlines(self) -> None:
         for r in self.rooms.expired():
             if r.aborting:
-                self.rooms.fail(r, f"{r.reason} (the sender never confirmed the abort)")
+                self._fail(r, f"{r.reason} (the sender never confirmed the abort)")
             elif r.state == S.BOOTSTRAPPING:
-                self.rooms.fail(r, "bootstrap timeout: could not register with the sender")
+                self._fail(r, "bootstrap timeout: could not register with the sender")
             else:
                 what = "wait timeout: the sender never started" if r.state == S.WAITING_FOR_INPUT \
                     else "transfer timeout: the write never completed"
                 self._abort_local(r.room, what)
+
+    def _fail(self, r: Room, reason: str) -> None:
+        """FAILED, with the room's window closed first (on a revocable backend nothing lands after)."""
+        self.backend.close_window(schema.notification_for(r.room))
+        self.rooms.fail(r, reason)
+
+    def _quarantine_or_fail(self, r: Room, reason: str) -> None:
+        """The sender can no longer be asked. Fail the room now unless a write of it may still land
+        (destination sent, backend not revocable): then hold it for heartbeat_timeout_s, by when a
+        silent sender has dropped us and cancelled its writes."""
+        if r.state.is_terminal:
+            return
+        if not r.destination_sent or self.backend.revocable:
+            self._fail(r, reason)
+            return
+        with self.rooms.cond:
+            self.rooms.mark_aborting(r, reason, self.config.heartbeat_timeout_s)
+            r.deadline = min(r.deadline, self.rooms.clock() + self.config.heartbeat_timeout_s)
 
     def _check_heartbeats(self) -> None:
         paused = self._own_pause()
@@ -187,7 +220,7 @@ class KVReceiver(Endpoint):
         log.warning("%s: dropping sender %s: %s", self.name, address, reason)
         for r in self.rooms.live():
             if r.peer == address:
-                self.rooms.fail(r, f"sender lost: {reason}")
+                self._quarantine_or_fail(r, f"sender lost: {reason}")
         link = self._links.pop(address, None)
         if link is not None:
             link.close()
@@ -197,7 +230,7 @@ class KVReceiver(Endpoint):
             link = self._links.get(r.peer)
             if link is not None and r.destination_sent:
                 link.send(schema.Abort(r.room, "receiver closed"))
-            self.rooms.fail(r, "receiver closed")
+            self._fail(r, "receiver closed")
 
     def _close_sockets(self) -> None:
         for link in self._links.values():

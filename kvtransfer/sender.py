@@ -23,6 +23,7 @@ from raypd.kvtransfer.base import PeerInfo, TransferState
 from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.bootstrap.server import BootstrapServer
 from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.data_plane_auth import unguard
 from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
 from raypd.kvtransfer.endpoint import Endpoint
 from raypd.kvtransfer.errors import BlockIdError, KVTransferError, PeerDisconnectedError, RoomError
@@ -55,9 +56,10 @@ class KVSender(Endpoint):
         super().__init__(pool, aux, config or TransferConfig(), name)
         cfg = self.config
         try:
-            self._server = BootstrapServer(self._ctx, cfg.host, cfg.bootstrap_port, cfg.max_message_bytes)
+            self._server = BootstrapServer(self._ctx, cfg.host, cfg.bootstrap_port, cfg.max_message_bytes, cfg.secret)
         except Exception:  # e.g. the configured port is taken
             self.backend.close()
+            unguard(self._ctx)
             self._ctx.term()
             raise
         self.bootstrap_address = self._server.address
@@ -115,7 +117,7 @@ class KVSender(Endpoint):
 
     # -- the loop ---------------------------------------------------------------------------------
     def _sockets(self) -> list[zmq.Socket]:
-        return [self._server.socket]
+        return [self._server.socket, self._server.watch.socket]
 
     def _peer_count(self) -> int:
         return len(self._peers)
@@ -171,6 +173,8 @@ class KVSender(Endpoint):
             return refuse(f"backend {msg.backend!r} but this sender uses {self.backend.name!r}")
         if name in self._peers:  # the receiver thinks we forgot it: start over
             self._peer_dead(name, "receiver registered again")
+        elif len(self._peers) >= self.config.max_peers:
+            return refuse(f"this sender already has {len(self._peers)} receivers")
         try:
             info = self.backend.add_peer(msg.metadata)
         except Exception as e:  # bad metadata must not reach the loop
@@ -196,6 +200,10 @@ class KVSender(Endpoint):
             if r is None:
                 if msg.room in self._orphans:
                     log.warning("%s: duplicate destination for room %d ignored", self.name, msg.room)
+                elif len(self._orphans) >= self.config.max_orphans:
+                    log.warning("%s: %d destinations already wait for their requests; refused room %d from %s",
+                                self.name, len(self._orphans), msg.room, name)
+                    self._server.send(identity, schema.Abort(msg.room, "too many destinations waiting here"))
                 else:
                     self._orphans[msg.room] = _Orphan(name, blocks, msg.aux_slot,
                                                       self.rooms.clock() + self.config.bootstrap_timeout_s)
@@ -245,6 +253,10 @@ class KVSender(Endpoint):
     def _post(self, room: int, src: np.ndarray, src_aux: int | None) -> None:
         r = self.rooms.get(room)
         if r is None or r.state != S.TRANSFERRING or r.aborting or r.xfer is not None:
+            return
+        if r.deadline <= self.rooms.clock():
+            # Queued before this process stalled: the receiver may have given the room up and reused its
+            # blocks by now. Never write late; the deadline check fails the room and tells the receiver.
             return
         peer = self._peers.get(r.peer)
         if peer is None:

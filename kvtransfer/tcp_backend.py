@@ -4,11 +4,15 @@ Each endpoint binds one ROUTER data socket (its address goes in the metadata); a
 DEALER per peer, with its endpoint name as routing id. A write is a sequence of messages on that one
 pipe, which ZMQ delivers in order:
 
-    [header {x, off, n}, bytes]               one per piece of a run (runs cut at tcp_chunk_bytes)
-    [header {x, end, pieces, aux_off, notif}, aux bytes]   last: aux slot + notification
+    [header {x, notif, off, n}, bytes]        one per piece of a run (runs cut at tcp_chunk_bytes)
+    [header {x, notif, end, pieces, aux_off}, aux bytes]   last: aux slot + notification
 
-The receiver copies each piece into its pool (bounds-checked), and on the last message checks the
-piece count, queues the notification and answers {x, ok}: SUCCESS for the writer means the bytes
+Both sockets are CURVE sockets of the deployment's secret (data_plane_auth.py). The receiver copies a
+piece into its pool only if the writer opened no other write under that id and the receiving side
+has an open window for its notification from this writer covering every block the piece touches
+(open_window/close_window: so a piece that arrives after its room was aborted or finished is
+dropped, never written into blocks that may belong to another request by then). On the last message
+it checks the piece count, queues the notification and answers {x, ok}: SUCCESS for the writer means the bytes
 are in the peer's pool, like NIXL's local completion. Frames are sent zero-copy from CPU pools, so
 the source blocks must stay untouched until the write is no longer TRANSFERRING (rooms ensure it).
 A dead peer is not noticed here: writes stay TRANSFERRING until the endpoint times them out or
@@ -28,14 +32,17 @@ import numpy as np
 import torch
 import zmq
 
-from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, XferId
+from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, WriteWindow, XferId
 from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_server, unguard
 from raypd.kvtransfer.descriptors import coalesce_runs
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
 
 log = logging.getLogger(__name__)
-_VERSION = 1
+_VERSION = 2
+# The acknowledgement a writer reads back is tiny; anything bigger on its socket is not ours.
+_MAX_ACK_BYTES = 64 << 10
 
 
 @dataclass(slots=True)
@@ -48,6 +55,7 @@ class _Out:
 @dataclass(slots=True)
 class _In:
     started: float
+    notif: bytes
     pieces: int = 0
     bad: str | None = None
 
@@ -65,21 +73,25 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 class TcpBackend(TransferBackend):
     name = "tcp"
+    revocable = True
 
     def __init__(self, config: TransferConfig, endpoint_name: str):
         super().__init__(config, endpoint_name)
         self._ctx = zmq.Context()
         self._closed = False
-        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router = as_server(self._ctx.socket(zmq.ROUTER), config.secret)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, config.tcp_chunk_bytes + (1 << 20))
         port = self._router.bind_to_random_port(f"tcp://{config.host}")
         self.address = f"tcp://{config.host}:{port}"
+        self._watch = HandshakeWatch(self._router, f"tcp data {self.address}")
         self._peers: dict[str, _Peer] = {}
         self._out: dict[XferId, _Out] = {}
         self._in: dict[tuple[bytes, int], _In] = {}
+        self._windows: dict[bytes, WriteWindow] = {}
+        self.num_refused = 0   # pieces and writes dropped for want of an open window
         self._inbox: list[Notification] = []
         self._ids = itertools.count(1)
 
@@ -103,9 +115,10 @@ class TcpBackend(TransferBackend):
         info = PeerInfo(d["name"], PoolLayout.from_wire(d.get("layout")))
         self.layout.check_peer(info.layout)
         self.remove_peer(info.name)
-        sock = self._ctx.socket(zmq.DEALER)
+        sock = as_client(self._ctx.socket(zmq.DEALER), self.config.secret)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # a write queues all its pieces at once; never block the loop
+        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_ACK_BYTES)
         sock.setsockopt(zmq.ROUTING_ID, self.endpoint_name.encode())
         sock.connect(d["address"])
         self._peers[info.name] = _Peer(info, sock)
@@ -134,7 +147,8 @@ class TcpBackend(TransferBackend):
             for s, d, k in zip(runs.src_start.tolist(), runs.dst_start.tolist(), runs.length.tolist()):
                 for off in range(0, k * bn, chunk):
                     n = min(chunk, k * bn - off)
-                    head = msgpack.packb({"v": _VERSION, "x": xfer, "off": d * bn + off, "n": n})
+                    head = msgpack.packb({"v": _VERSION, "x": xfer, "notif": notification, "off": d * bn + off,
+                                          "n": n})
                     p.sock.send_multipart([head, self._bytes(self._pool, self._pool_np, s * bn + off, n)],
                                           flags=zmq.NOBLOCK, copy=False)
                     pieces += 1
@@ -167,6 +181,13 @@ class TcpBackend(TransferBackend):
         if out is not None and out.peer in self._peers:
             self._peers[out.peer].xfers.discard(xfer)
 
+    def open_window(self, peer: str, notification: bytes, blocks: np.ndarray, aux: int | None) -> None:
+        self._windows[bytes(notification)] = WriteWindow.of(peer, blocks, aux)
+
+    def close_window(self, notification: bytes) -> None:
+        # Pieces still queued in ZMQ are read later and dropped: the check is per piece, on this thread.
+        self._windows.pop(bytes(notification), None)
+
     def notifications(self) -> list[Notification]:
         self._pump()
         out, self._inbox = self._inbox, []
@@ -178,7 +199,9 @@ class TcpBackend(TransferBackend):
         self._closed = True
         for name in list(self._peers):
             self.remove_peer(name)
+        self._watch.close()
         self._router.close(linger=0)
+        unguard(self._ctx)
         self._ctx.term()
 
     # -- the wire --------------------------------------------------------------------------------
@@ -199,6 +222,7 @@ class TcpBackend(TransferBackend):
 
     def _pump(self) -> None:
         """Apply whatever arrived: data pieces on the router, acknowledgements on the dealers."""
+        self._watch.drain()
         while True:
             try:
                 frames = self._router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -220,45 +244,74 @@ class TcpBackend(TransferBackend):
         ident, head, body = frames[0].bytes, frames[1].bytes, frames[2].buffer
         try:
             h = msgpack.unpackb(head)
-            if not isinstance(h, dict) or h.get("v") != _VERSION or not isinstance(h.get("x"), int):
+            if (not isinstance(h, dict) or h.get("v") != _VERSION or not isinstance(h.get("x"), int)
+                    or not isinstance(h.get("notif"), bytes)):
                 raise ValueError(f"bad header {h!r:.200}")
         except Exception as e:
-            log.error("tcp: dropped a data message from %r: %s", ident, e)
+            log.error("tcp: dropped a data message from %r: %s", ident[:64], e)
             return
+        writer, notif = ident.decode(errors="replace"), cast(bytes, h["notif"])
+        window = self._windows.get(notif)
         key = (ident, h["x"])
         st = self._in.get(key)
         if st is None:
-            st = self._in[key] = _In(time.monotonic())
+            if window is None or window.peer != writer:
+                # Not expected (any more): the room was aborted or finished, or this is not its writer.
+                # Keep no state for it, so such writes cannot grow memory; answer its last message.
+                self._refuse(ident, h, "no open window for this write")
+                return
+            st = self._in[key] = _In(time.monotonic(), notif)
             self._expire_partial()
+        if st.notif != notif:
+            st.bad = "the write changed its notification"
         if not h.get("end"):
             off, n = h.get("off"), h.get("n")
-            if not (isinstance(off, int) and isinstance(n, int) and n == len(body)
-                    and 0 <= off and off + n <= self.layout.num_blocks * self.layout.block_nbytes):
+            bn = self.layout.block_nbytes
+            if not (isinstance(off, int) and isinstance(n, int) and n == len(body) and n > 0
+                    and 0 <= off and off + n <= self.layout.num_blocks * bn):
                 st.bad = f"piece out of bounds (off={off}, n={n}, got {len(body)} bytes)"
                 return
-            self._store(self._pool, self._pool_np, off, body)
-            st.pieces += 1
+            if window is None or not window.admits(writer, off // bn, (off + n - 1) // bn):
+                self.num_refused += 1
+                st.bad = "piece outside the write's open window (closed, or not its blocks)"
+                return
+            if st.bad is None:
+                self._store(self._pool, self._pool_np, off, body)
+                st.pieces += 1
             return
         del self._in[key]
-        aux_off, notif = h.get("aux_off"), h.get("notif")
+        aux_off = h.get("aux_off")
         if st.bad is None and st.pieces != h.get("pieces"):
             st.bad = f"{st.pieces} of {h.get('pieces')} pieces arrived"
-        if st.bad is None and not isinstance(notif, bytes):
-            st.bad = "notification missing"
+        if st.bad is None and (window is None or window.peer != writer):
+            st.bad = "the write's window closed before it ended"
         if st.bad is None and aux_off != -1:
             an = self.layout.aux_slot_nbytes
+            assert window is not None
             if not (isinstance(aux_off, int) and 0 <= aux_off and aux_off + an <= self.layout.aux_slots * an
                     and len(body) == an and aux_off % an == 0):
                 st.bad = f"aux slot out of bounds (off={aux_off}, {len(body)} bytes)"
+            elif window.aux is None or aux_off != window.aux * an:
+                st.bad = "aux slot outside the write's open window"
             else:
                 self._store(self._aux, self._aux_np, aux_off, body)
         if st.bad is None:
-            self._inbox.append(Notification(ident.decode(errors="replace"), cast(bytes, notif)))
+            self._inbox.append(Notification(writer, notif))
         else:
-            log.error("tcp: write %d from %r failed: %s", h["x"], ident, st.bad)
+            log.error("tcp: write %d from %r failed: %s", h["x"], ident[:64], st.bad)
+        self._ack(ident, h["x"], st.bad)
+
+    def _refuse(self, ident: bytes, h: dict, why: str) -> None:
+        self.num_refused += 1
+        if self.num_refused % 1000 == 1:
+            log.warning("tcp: dropped data from %r: %s (%d dropped so far)", ident[:64], why, self.num_refused)
+        if h.get("end"):
+            self._ack(ident, h["x"], why)
+
+    def _ack(self, ident: bytes, x: int, bad: str | None) -> None:
         try:
-            self._router.send_multipart([ident, msgpack.packb({"v": _VERSION, "x": h["x"], "ok": st.bad is None,
-                                                                 "error": st.bad or ""})], flags=zmq.NOBLOCK)
+            self._router.send_multipart([ident, msgpack.packb({"v": _VERSION, "x": x, "ok": bad is None,
+                                                                 "error": bad or ""})], flags=zmq.NOBLOCK)
         except zmq.ZMQError as e:  # the writer is gone; it will time out on its own
             log.debug("tcp: ack to %r not sent: %s", ident, e)
 

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from raypd.metrics.task_events import untracked
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
 
@@ -87,9 +88,9 @@ class ConductorLink:
                     await self.register()
                 batch = await self.node.drain_kv_events()
                 if batch.events:
-                    await self._call(self.conductor.report_kv_events.remote(batch))
+                    await self._call(untracked(self.conductor.report_kv_events).remote(batch))
                 if time.monotonic() - last_load >= self.load_every_s:
-                    await self._call(self.conductor.report_load.remote(await self.node.load_report()))
+                    await self._call(untracked(self.conductor.report_load).remote(await self.node.load_report()))
                     last_load = time.monotonic()
             except asyncio.CancelledError:
                 raise

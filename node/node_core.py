@@ -29,6 +29,7 @@ from typing import Any
 from raypd.engine.engine import LLMEngine
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer.config import TransferConfig
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.node.conductor_link import ConductorLink, LinkedNode
 from raypd.node.engine_loop import EngineLoop, NodeCrashedError
 from raypd.node.host import host_info
@@ -50,7 +51,7 @@ def _no_tick() -> bool:
 class NodeCore:
     def __init__(self, name: str, role: Role, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, *, on_outputs: Callable[[list[StepOutput]], None],
-                 tick: Callable[[], bool] = _no_tick):
+                 tick: Callable[[], bool] = _no_tick, data_plane_secret: DataPlaneSecret | None = None):
         options = dict(engine_options or {})
         # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
         options.setdefault("num_threads", max(1, int(num_cpus)))
@@ -58,7 +59,10 @@ class NodeCore:
         self.role = role
         self._kv_events: deque[KVEvent] = deque()
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
-        self.streams = TokenStreams()
+        # Every token, bootstrap and KV connection proves it holds this (kvtransfer/data_plane_auth.py);
+        # without one the node talks only to its own process (one-process tests).
+        self.secret = data_plane_secret or process_secret()
+        self.streams = TokenStreams(self.secret)
         self.host = host_info()
         self.started_at = time.time()
         self.instance_id = secrets.token_hex(8)  # new for every incarnation of the actor (Ray restarts)
@@ -78,7 +82,7 @@ class NodeCore:
     def transfer_config(self, options: dict | None) -> TransferConfig:
         """The node's kvtransfer options; sockets bind to the node's own IP unless told otherwise, so
         peers on other machines reach them (loopback would only serve one box)."""
-        return TransferConfig(**{"host": self.host.ip, **(options or {})})
+        return TransferConfig(**{"host": self.host.ip, **(options or {}), "secret": self.secret})
 
     # -- from the actor's event loop ----------------------------------------------------------------
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -9,6 +9,7 @@ Exported (Ray adds the prefix `ray_`; counters also get `_total`), all tagged {n
            raypd_node_transfer_rooms (kvtransfer rooms not yet terminal; from stats)
   counters raypd_node_prefill_completions  raypd_node_prefill_failures   (prefill nodes; from stats)
            raypd_node_prefix_copies{direction=export|import|failed}     (prefill nodes; from stats)
+           raypd_node_refused   requests refused at once for want of capacity (every role; from stats)
 
 stats() keeps running totals; observe() turns each total's growth since the last call into a counter
 increment, so it may be called at any rate, from any one place.
@@ -38,6 +39,7 @@ _TOTALS = {
     ("prefix_copies", "exported"): ("prefix_copies", "node-to-node prefix copies", {"direction": "export"}),
     ("prefix_copies", "imported"): ("prefix_copies", "node-to-node prefix copies", {"direction": "import"}),
     ("prefix_copies", "failed"): ("prefix_copies", "node-to-node prefix copies", {"direction": "failed"}),
+    ("refused",): ("refused", "requests refused at once for want of capacity (HTTP 429)", {}),
 }
 TAGS = ("node", "role")
 

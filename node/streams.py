@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client, process_secret
 from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,10 @@ class _Stream:
 class TokenStreams:
     """The node's open token streams. Engine thread only: zmq sockets are not thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: DataPlaneSecret | None = None) -> None:
         self._ctx: zmq.Context = zmq.Context.instance()  # shared, never terminated: close() closes our sockets
+        # Callers' PULL sockets admit only holders of the deployment's secret (default: this process's).
+        self._secret = secret or process_secret()
         self._open: dict[str, _Stream] = {}
         self._pending: dict[str, list[TokenChunk]] = {}   # address -> chunks pushed since the last flush
         self._ended: list[tuple[Reply, StreamEnd]] = []
@@ -153,6 +156,7 @@ class TokenStreams:
     def _connect(self, address: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.PUSH)
         try:
+            as_client(sock, self._secret)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, SEND_HWM)
             sock.connect(address)

@@ -2,9 +2,11 @@
 the caller minted (the decode node knows the same id).
 
     prefill(req) ─> BootstrapStage ─destination arrived, aux slot─> WaitingStage ─first token─> InflightStage
-                        │ room FAILED                                  │ room FAILED               │ room terminal
-                        v                                              v                           v
-                  PrefillResult(error)                          PrefillResult(error)    PrefillResult(ok / error)
+        │               │ room FAILED                                  │ room FAILED               │ room terminal
+        │               v                                              v                           v
+        │         PrefillResult(error)                          PrefillResult(error)    PrefillResult(ok / error)
+        └─ max_waiting_requests already wait in the engine's queue ─> PrefillResult(overloaded) at once,
+           no room opened (the caller aborts the decode side)
     abort(request_id): the stage holding the request aborts its room (WaitingStage also frees the
                        engine request at once); the request ends when the room is terminal, error "aborted ..."
 
@@ -19,6 +21,7 @@ from dataclasses import asdict
 
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer import KVReceiver, KVSender
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
 from raypd.node.aux_slots import AuxSlots
 from raypd.node.node_core import NodeCore
 from raypd.node.streams import Reply
@@ -37,10 +40,11 @@ class PrefillNode:
     role = Role.PREFILL
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
-                 num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256):
+                 num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
+                 data_plane_secret: DataPlaneSecret | None = None):
         self.name = name
         self.core = core = NodeCore(name, self.role, model, engine_options, num_cpus,
-                                    tick=self._tick, on_outputs=self._on_outputs)
+                                    tick=self._tick, on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
         self.host = core.host
         engine = core.engine
         self.transfer_config = core.transfer_config(transfer_options)
@@ -57,6 +61,12 @@ class PrefillNode:
         self.requests: dict[str, PrefillRequest] = {}  # every request on the node, whichever its stage
         self.num_completed = 0
         self.num_failed = 0
+        # Back-pressure: while the engine's last step left this many waiting (no prefill slot or no
+        # memory for them), the next request is refused at once (HTTP 429 at the ingress). Requests
+        # in BootstrapStage are not counted: they wait for their decode side, whose own bound limits
+        # them, and a burst the decode side takes within milliseconds must not be refused here.
+        self.max_waiting = engine.config.waiting_limit
+        self.num_refused = 0
         core.start()
 
     # -- Ray-callable ---------------------------------------------------------------------------------
@@ -122,6 +132,12 @@ class PrefillNode:
         if rid in self.requests:
             reply.set(PrefillResult(rid, False, f"request id {rid!r} is already on this node"))
             return
+        waiting = self.core.engine.num_backlogged()
+        if waiting >= self.max_waiting:
+            self.num_refused += 1
+            reply.set(PrefillResult(rid, False, f"prefill node {self.name} is full: {waiting} requests already "
+                                                f"wait for prefill compute (max_waiting_requests)", overloaded=True))
+            return
         pr = PrefillRequest(req, reply, t={"arrived": time.time()})
         try:
             self.core.engine.validate(req.prompt_token_ids, req.params, prefill_only=True)
@@ -182,7 +198,7 @@ class PrefillNode:
                   "inflight": len(f) - f.num_aborting, "aborting": b.num_aborting + w.num_aborting + f.num_aborting}
         c = self.copies
         return {"queues": queues, "completed": self.num_completed, "failed": self.num_failed,
-                "transfer": asdict(self.sender.stats()),
+                "refused": self.num_refused, "transfer": asdict(self.sender.stats()),
                 "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed}}
 
     def _check_idle(self) -> dict:

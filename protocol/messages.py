@@ -33,10 +33,17 @@ class NodeRequest:
     reply_address: str = ""        # decode / mixed: the caller's zmq PULL socket for the tokens ("": none)
 
 
+# The finish reason of a request a node refused for want of capacity (its bounded waiting queue was
+# full, or the request waited its bound for KV memory). Its final chunk also carries an error saying
+# why; nothing of the request is held anywhere. Not a fault: callers answer "retry later" (HTTP 429).
+OVERLOADED = "overloaded"
+
+
 @dataclass(frozen=True, slots=True)
 class TokenChunk:
     """One streamed message. The last one of a request has finished=True and either a finish_reason
-    ("stop", "length", "abort") or an error; a stream never ends without one."""
+    ("stop", "length", "abort") or an error; a stream never ends without one. A refusal for want of
+    capacity has both: finish_reason OVERLOADED and the error."""
     request_id: str
     token_ids: tuple[int, ...]
     finished: bool = False
@@ -103,6 +110,7 @@ class PrefillResult:
     error: str | None = None
     num_cached_tokens: int = 0
     timings: dict = field(default_factory=dict)
+    overloaded: bool = False  # refused at once for want of capacity (see OVERLOADED); no room was opened
 
 
 @dataclass(frozen=True, slots=True)

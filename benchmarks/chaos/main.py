@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from raypd.benchmarks.chaos.ray_cluster import RayCluster, processes_left, ray_address_from_log
+from raypd.benchmarks.chaos.ray_cluster import RayCluster, processes_left, wait_for_ray_address
 from raypd.benchmarks.chaos.report import format_table, write_json
 from raypd.benchmarks.chaos.run import chaos_run
 from raypd.benchmarks.chaos.schedule import ROLES, KillSchedule
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         launched = Launched.start("raypd serve", cmd, port, log_dir / "raypd-serve.log")
         launched.wait_ready(args.ready_timeout)
-        address = _wait_for_ray_address(launched, 60.0)
+        address = wait_for_ray_address(launched, 60.0)
         cluster = RayCluster(address, launched.proc.pid)
         try:
             cluster.connect()
@@ -167,18 +167,6 @@ def _explain_launch(message: str) -> str:
         return ("raypd serve has no --max-node-restarts yet (the fault-tolerance features are not in this build); "
                 "--max-node-restarts -1 runs without it\n" + message)
     return message
-
-
-def _wait_for_ray_address(launched: Launched, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        address = ray_address_from_log(launched.log_tail(200_000))
-        if address:
-            return address
-        if launched.proc.poll() is not None:
-            break
-        time.sleep(0.5)
-    raise LaunchError(f"raypd serve did not log its Ray cluster address (\"Ray cluster: ...\"):\n{launched.log_tail()}")
 
 
 def _stop(launched: Launched | None, cluster: RayCluster | None, address: str | None) -> list[int]:

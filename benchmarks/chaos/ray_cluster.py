@@ -1,5 +1,5 @@
 """The Ray cluster the started `raypd serve` runs on, and only that one: its address (from the
-server's log), a driver connection, raypd's actors in it, the check that a pid is one of its
+server's log; also `raypd bench soak`'s), a driver connection, raypd's actors in it, the check that a pid is one of its
 worker processes, and the processes of it still alive after the server stopped.
 
 Ray is imported only when connecting; psutil is imported here (it comes with raypd's test extra).
@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
+
+from raypd.benchmarks.serve.systems import Launched, LaunchError
 
 # Ray actor class -> the role a kill target has (schedule.py's ROLES).
 CLASS_ROLES = {"PrefillNode": "prefill", "DecodeNode": "decode", "MixedNode": "mixed", "Conductor": "conductor"}
@@ -37,6 +40,19 @@ def ray_address_from_log(text: str) -> str | None:
     """The GCS address `raypd serve` logs once its application is up ("Ray cluster: HOST:PORT")."""
     found = _ADDRESS_LINE.findall(text)
     return found[-1] if found else None
+
+
+def wait_for_ray_address(launched: Launched, timeout_s: float) -> str:
+    """The started server's GCS address, once its log names it; LaunchError if it exits or never does."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        address = ray_address_from_log(launched.log_tail(200_000))
+        if address:
+            return address
+        if launched.proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise LaunchError(f"raypd serve did not log its Ray cluster address (\"Ray cluster: ...\"):\n{launched.log_tail()}")
 
 
 def targets_from_actor_states(states: list) -> list[Target]:

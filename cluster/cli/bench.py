@@ -5,12 +5,17 @@
     raypd bench chaos --duration 180 --prefill-nodes 2 --decode-nodes 2 --kill-every 30 --json out.json
                                             nodes and the Conductor killed under load, outputs
                                             checked against a fault-free run
+    raypd bench soak --duration 600 --load 0.8 --json out.json --plot out.png
+                                            steady load below capacity; every server process's RSS,
+                                            fds and threads, blocks held after the drain
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
     raypd bench engine --json out.json      single-engine throughput vs transformers
     raypd bench routing ...                 Conductor policies on a replayed trace (simulator)
     raypd bench conductor ...               Conductor decision latency at scale
     raypd bench conductor-failover ...      how fast a killed Conductor routes again and regains its hit rate
+    raypd bench hostile --json out.json     hostile HTTP inputs against one ingress replica: each answer's
+                                            delay and the longest pause of a concurrent stream
 """
 from __future__ import annotations
 
@@ -21,11 +26,12 @@ BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmark
               "engine": "raypd.benchmarks.engine_throughput", "routing": "raypd.benchmarks.routing_sim",
               "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead",
               "serve": "raypd.benchmarks.serve.main", "chaos": "raypd.benchmarks.chaos.main",
-              "conductor-failover": "raypd.benchmarks.conductor_failover"}
+              "conductor-failover": "raypd.benchmarks.conductor_failover", "soak": "raypd.benchmarks.soak.main",
+              "hostile": "raypd.benchmarks.ingress_hostile"}
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, pd, transfer, engine, routing, conductor, "
+    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, pd, transfer, engine, routing, conductor, "
                                      "streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")

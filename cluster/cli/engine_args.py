@@ -13,6 +13,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--chunked-prefill-size", type=int, default=256, help="<= 0 disables chunking")
     e.add_argument("--max-num-batched-tokens", type=int, default=512)
     e.add_argument("--max-running-requests", type=int, default=64)
+    e.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="per node: requests waiting to run beyond which it refuses new ones at once "
+                        "(HTTP 429); default: --max-running-requests")
     e.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs")
     e.add_argument("--no-prefix-cache", action="store_true")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
@@ -31,4 +34,6 @@ def engine_options(args: argparse.Namespace) -> dict:
                    dtype=args.dtype, device=args.device, cpu_kernels=args.cpu_kernels)
     if args.num_blocks is not None:
         options["num_blocks"] = args.num_blocks
+    if args.max_waiting_requests is not None:
+        options["max_waiting_requests"] = args.max_waiting_requests
     return options

@@ -59,6 +59,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument("--default-max-tokens", type=int, default=None,
                    help="output cap for requests that set none (default: the rest of the context)")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="a request's total deadline from its arrival; then 504 (an error event in a stream) "
+                        "and its work on the nodes is aborted (default 600)")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard (local Ray only)")
     p.add_argument("--metrics-export-port", type=int, default=None,
                    help="Ray's Prometheus endpoint port, e.g. 8080: not in 10002-19999 (local Ray only)")
@@ -69,6 +72,14 @@ def add_serve_parser(sub) -> None:
                    help="re-routes of a request whose node failed before its first token (default 3)")
     p.add_argument("--migration-limit", type=int, default=3,
                    help="replays of a request whose decode node failed mid-stream, on a live pair (default 3)")
+    b = p.add_argument_group("back-pressure (full: 429 with Retry-After; nodes: --max-waiting-requests)")
+    b.add_argument("--max-ongoing-requests", type=int, default=None,
+                   help="per ingress replica: generation requests in progress (default: what the decode or mixed "
+                        "nodes hold, running + waiting, shared among the replicas)")
+    b.add_argument("--max-queued-requests", type=int, default=None,
+                   help="per ingress replica: requests waiting for one of those slots (default: as many again)")
+    b.add_argument("--ttft-slo", type=float, default=None, metavar="S",
+                   help="turn on the Conductor's SLO admission: reject a request whose estimated TTFT exceeds S s")
     add_engine_args(p)
     p.set_defaults(run=run_serve)
 
@@ -85,8 +96,11 @@ def config_from_args(args):
         place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options={"backend": args.transfer_backend}, policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
+        request_timeout_s=args.request_timeout,
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
-        retry_limit=args.retry_limit, migration_limit=args.migration_limit)
+        retry_limit=args.retry_limit, migration_limit=args.migration_limit,
+        max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=args.max_queued_requests,
+        ttft_slo_s=args.ttft_slo)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -170,6 +184,10 @@ class Server:
         layout = (f"{self.config.mixed_nodes} mixed" if self.config.mixed_nodes else
                   f"{self.config.prefill_nodes} prefill + {self.config.decode_nodes} decode")
         log.info("nodes: %s (%s); policy %s", ", ".join(n.name for n in self.nodes), layout, self.config.policy)
+        ongoing, queued = self.config.admission_limits()
+        slo = f"TTFT <= {self.config.ttft_slo_s:g} s" if self.config.ttft_slo_s else "off"
+        log.info("back-pressure (429 beyond): %d requests in progress + %d queued per ingress replica; "
+                 "SLO admission %s", ongoing, queued, slo)
         log.info("OpenAI endpoint: http://%s:%d/v1  (model %r%s)", _url_host(self.args.host), self.args.port,
                  self.config.model_name(), ", API key required" if self.config.api_key else "")
         dashboard = getattr(ctx, "dashboard_url", None)

@@ -11,6 +11,8 @@ not answer within `timeout_s` - the request is routed by `fallback` (local_route
 the Conductor is skipped for `away_s` after a failure, so requests do not each wait out the
 deadline. A decision naming a node this caller does not see live is routed by the fallback too.
 Only AdmissionRejected (429) passes through: that is the Conductor's answer, not its absence.
+It applies to new requests only: reroute() (a retry or replay of an admitted request) takes the
+decision the rejection carries instead.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from raypd.cluster.client.membership import MemberState
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.router import Route, Router
+from raypd.conductor.decision import RouteDecision
 from raypd.conductor.errors import AdmissionRejected, NoCandidateError
+from raypd.metrics.task_events import untracked
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
@@ -47,7 +51,7 @@ class ConductorRouter(Router):
             return await self._fall_back(request_id, prompt_token_ids, exclude, "the Conductor is away")
         try:
             d = await asyncio.wait_for(
-                self.conductor.route.remote(request_id, list(prompt_token_ids), None, sorted(exclude)), self.timeout_s)
+                untracked(self.conductor.route).remote(request_id, list(prompt_token_ids), None, sorted(exclude)), self.timeout_s)
         except AdmissionRejected:
             raise
         except asyncio.TimeoutError:
@@ -59,6 +63,20 @@ class ConductorRouter(Router):
         except Exception as e:  # noqa: BLE001 - dead or restarting: route locally, and skip it for away_s
             self._away_until = time.monotonic() + self.away_s
             return await self._fall_back(request_id, prompt_token_ids, exclude, f"{type(e).__name__}: {e}")
+        return await self._route_of(d, request_id, prompt_token_ids, exclude)
+
+    async def reroute(self, request_id: str, prompt_token_ids: Sequence[int],
+                      exclude: frozenset[str] = frozenset()) -> Route:
+        try:
+            return await self.route(request_id, prompt_token_ids, exclude)
+        except AdmissionRejected as e:  # admitted before: the SLO is not checked twice
+            if e.decision is None:
+                return await self._fall_back(request_id, prompt_token_ids, exclude, "rejection without a decision")
+            return await self._route_of(e.decision, request_id, prompt_token_ids, exclude)
+
+    async def _route_of(self, d: RouteDecision, request_id: str, prompt_token_ids: Sequence[int],
+                        exclude: frozenset[str]) -> Route:
+        """The handles of the decision's nodes, or the fallback's route when they are not live here."""
         prefill, decode = self.nodes.get(d.prefill_node), self.nodes.get(d.decode_node)
         live = {n.name for n in self.nodes.live()}
         if prefill is None or decode is None or not {prefill.name, decode.name} <= live:
@@ -70,7 +88,7 @@ class ConductorRouter(Router):
         if not self._conductor_usable():
             return
         try:
-            await asyncio.wait_for(self.conductor.report_delivered.remote(request_id, num_cached_tokens),
+            await asyncio.wait_for(untracked(self.conductor.report_delivered).remote(request_id, num_cached_tokens),
                                    self.timeout_s)
         except Exception as e:  # noqa: BLE001 - bookkeeping only; the request already ended
             log.debug("report_delivered(%s) failed: %s", request_id, e)

@@ -8,7 +8,10 @@ death come over Ray, as the generate() call's return or error. Whatever happens 
 nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
 final chunk, and both nodes are told to abort a request that did not end there (also the prefill
 side when the decode side failed: nothing waits for heartbeats to free it). An error final names
-the node held responsible (TokenChunk.failed_node), which the caller's retries avoid.
+the node held responsible (TokenChunk.failed_node), which the caller's retries avoid. A node that
+refuses the request for want of capacity ends it with finish_reason OVERLOADED (a prefill node's
+refusal comes back as PrefillResult.overloaded: the decode side is aborted at once and the final
+chunk says OVERLOADED, naming the prefill node).
 Callers pass the nodes their Router chose (client/router.py); the driver itself never picks one.
 """
 from __future__ import annotations
@@ -24,7 +27,9 @@ import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.token_receiver import TokenReceiver, TokenStream
-from raypd.protocol.messages import NodeRequest, PrefillResult, TokenChunk
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
+from raypd.metrics.task_events import untracked
+from raypd.protocol.messages import OVERLOADED, NodeRequest, PrefillResult, TokenChunk
 from raypd.protocol.roles import Role
 from raypd.protocol.sampling_params import SamplingParams
 
@@ -36,15 +41,18 @@ class RequestDriver:
     token socket.
 
     reply_host: the address nodes send tokens to (default: this process's Ray node IP).
+    secret: the nodes' data plane secret (default: this process's, which a NodeCluster started here
+    hands its nodes).
     stream_tail_s: after a node's generate() returned, how long tokens it counted may still take to
     arrive before the request ends with a "lost tokens" error."""
 
     def __init__(self, chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
-                 reply_host: str | None = None, stream_tail_s: float = 10.0):
+                 reply_host: str | None = None, stream_tail_s: float = 10.0,
+                 secret: DataPlaneSecret | None = None):
         self.chunk_timeout_s = chunk_timeout_s
         self.prefill_wait_s = prefill_wait_s
         self.stream_tail_s = stream_tail_s
-        self.receiver = TokenReceiver(reply_host)
+        self.receiver = TokenReceiver(reply_host, secret)
 
     def close(self) -> None:
         self.receiver.close()
@@ -75,18 +83,26 @@ class RequestDriver:
             return
         req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
                           bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address)
-        prefill_ref = prefill.actor.prefill.remote(req)
+        prefill_ref = untracked(prefill.actor.prefill).remote(req)
         final: TokenChunk | None = None
         stream = self.receiver.open(req.request_id)
         # A prefill node that dies before the KV is handed over would leave the decode side waiting
-        # for its heartbeat timeout: abort the decode side as soon as the prefill() call fails.
+        # for its heartbeat timeout: abort the decode side as soon as the prefill() call fails. The
+        # same when the prefill node refused the request (full): no KV will ever come.
         watch = asyncio.ensure_future(_outcome(prefill_ref))
-        prefill_died = asyncio.Event()
+        prefill_died, prefill_refused = asyncio.Event(), asyncio.Event()
 
         def on_prefill_end(fut: asyncio.Future) -> None:
-            if not fut.cancelled() and isinstance(fut.result(), ray.exceptions.RayError) and stream.received == 0:
+            if fut.cancelled() or stream.received:
+                return
+            result = fut.result()
+            if isinstance(result, ray.exceptions.RayError):
                 prefill_died.set()
-                _fire(decode.actor.abort.remote(req.request_id))
+            elif isinstance(result, PrefillResult) and result.overloaded:
+                prefill_refused.set()
+            else:
+                return
+            _fire(untracked(decode.actor.abort).remote(req.request_id))
         watch.add_done_callback(on_prefill_end)
         try:
             async with aclosing(self._relay(decode, req, stream, also_abort=(prefill, prefill_ref))) as chunks:
@@ -101,13 +117,15 @@ class RequestDriver:
         if prefill_died.is_set() and final.finish_reason == "abort":
             final = replace(final, finish_reason=None, error=f"prefill node {prefill.name} failed: "
                                                               f"{type(watch.result()).__name__}")
+        elif prefill_refused.is_set():  # no KV could come: whatever the decode side said, it was the refusal
+            final = replace(final, finish_reason=OVERLOADED, error=watch.result().error)
         if final.error:  # the decode side is over: free the prefill side now, whatever it holds
-            _fire(prefill.actor.abort.remote(req.request_id))
+            _fire(untracked(prefill.actor.abort).remote(req.request_id))
         final, prefill_failed = await self._with_prefill_timings(final, prefill_ref)
         if final.error:
             # The stream's own failure (the decode node died or fell silent) is the decode node's;
             # an error the decode node reported is the prefill node's when that one failed too.
-            blame = prefill if prefill_failed and not stream.stream_failed else decode
+            blame = prefill if prefill_refused.is_set() or (prefill_failed and not stream.stream_failed) else decode
             final = replace(final, failed_node=blame.name)
         yield final
 
@@ -116,7 +134,7 @@ class RequestDriver:
         """The request's chunks from node.generate() through `stream` (opened for it), the last one
         final. If the request did not end on the node (the caller stopped reading, a timeout, an
         error here), abort it there and on `also_abort`, the prefill side: (node, its prefill() ref)."""
-        end = node.actor.generate.remote(req)
+        end = untracked(node.actor.generate).remote(req)
         try:
             async with aclosing(stream.relay(end, node.name, self.chunk_timeout_s, self.stream_tail_s)) as chunks:
                 async for chunk in chunks:
@@ -124,10 +142,10 @@ class RequestDriver:
         finally:
             stream.close()
             if not stream.node_done:
-                _fire(node.actor.abort.remote(req.request_id))
+                _fire(untracked(node.actor.abort).remote(req.request_id))
                 if also_abort is not None:
                     prefill, prefill_ref = also_abort
-                    _fire(prefill.actor.abort.remote(req.request_id))
+                    _fire(untracked(prefill.actor.abort).remote(req.request_id))
                     _fire(prefill_ref)
 
     async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> tuple[TokenChunk, bool]:

@@ -6,7 +6,8 @@ falls back to local_router.py's LocalRouter while the Conductor is away), else R
 (here). Routers choose among the live nodes of a NodeSet (node_set.py), minus `exclude`: the nodes
 the caller will not use for this request (a retry's failed node, nodes its circuit breaker holds
 out). A router may raise:
-  - conductor.errors.AdmissionRejected: the SLO admission said no    -> HTTP 429
+  - conductor.errors.AdmissionRejected: the SLO admission said no    -> HTTP 429 (route() only; reroute()
+    lets a retry or replay of an admitted request through)
   - NoNodeError / conductor.errors.NoCandidateError: nothing can serve -> HTTP 503
 (openai/api_errors.api_error maps them.)
 """
@@ -41,6 +42,13 @@ class Router(ABC):
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
                     exclude: frozenset[str] = frozenset()) -> Route:
         """The nodes for this request, none of them named in `exclude`."""
+
+    async def reroute(self, request_id: str, prompt_token_ids: Sequence[int],
+                      exclude: frozenset[str] = frozenset()) -> Route:
+        """route() for a request already admitted: a retry or a replay of one under way. A router
+        with admission control lets it through (turning it away now would break a stream it
+        accepted); the others route it as any request."""
+        return await self.route(request_id, prompt_token_ids, exclude)
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
         """The request's prefill ran and served num_cached_tokens from cache (routers that predict it

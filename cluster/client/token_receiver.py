@@ -19,11 +19,13 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import replace
+from typing import cast
 
 import ray
 import zmq
 import zmq.asyncio
 
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, HandshakeWatch, as_server, process_secret
 from raypd.protocol.messages import StreamEnd, TokenChunk, unpack_chunks
 
 log = logging.getLogger(__name__)
@@ -143,14 +145,24 @@ class TokenStream:
         return TokenChunk(self.request_id, (), finished=True, error=error)
 
 
+# One message is one engine step's chunks for this caller: far below this. Anything bigger is dropped
+# by ZMQ before it is read (it disconnects the sender).
+MAX_MESSAGE_BYTES = 8 << 20
+
+
 class TokenReceiver:
-    def __init__(self, host: str | None = None):
+    """The PULL socket admits only nodes holding `secret` (CURVE; kvtransfer/data_plane_auth.py)."""
+
+    def __init__(self, host: str | None = None, secret: DataPlaneSecret | None = None):
         # On the process's shared context: a context of its own would be terminated by the garbage
         # collector when a driver is dropped unclosed, and term() can hang there (pyzmq clears the
         # weak references to our socket before the context's __del__ could close it).
         ctx = zmq.asyncio.Context.shadow(zmq.Context.instance())
-        self._sock = ctx.socket(zmq.PULL)
+        self._sock = as_server(ctx.socket(zmq.PULL), secret or process_secret())
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._watch = HandshakeWatch(self._sock, "token receiver")
+        self._watcher: asyncio.Task | None = None
         host = host or default_host()
         self.address = f"tcp://{host}:{self._sock.bind_to_random_port(f'tcp://{host}')}"
         self._streams: dict[str, TokenStream] = {}
@@ -165,6 +177,9 @@ class TokenReceiver:
         loop = asyncio.get_running_loop()
         if self._dispatcher is None or self._dispatcher.done() or self._dispatcher.get_loop() is not loop:
             self._dispatcher = loop.create_task(self._dispatch())
+            if self._watcher is not None:
+                self._watcher.cancel()
+            self._watcher = loop.create_task(self._watch_handshakes())
         stream = self._streams[request_id] = TokenStream(request_id, self._streams)
         return stream
 
@@ -177,12 +192,20 @@ class TokenReceiver:
         return len(lost)
 
     def close(self) -> None:
-        if self._dispatcher is not None and not self._dispatcher.done():
-            try:
-                self._dispatcher.cancel()
-            except RuntimeError:  # its loop is closed: the task is gone with it
-                pass
+        for task in (self._dispatcher, self._watcher):
+            if task is not None and not task.done():
+                try:
+                    task.cancel()
+                except RuntimeError:  # its loop is closed: the task is gone with it
+                    pass
+        self._watch.close()
         self._sock.close(linger=0)
+
+    async def _watch_handshakes(self) -> None:
+        """Log connections refused for want of the secret (a task of its own: off the token path)."""
+        monitor = cast(zmq.asyncio.Socket, self._watch.socket)  # made from our asyncio socket: asyncio too
+        while True:
+            self._watch.note(await monitor.recv_multipart())
 
     async def _dispatch(self) -> None:
         while True:

@@ -20,6 +20,7 @@ from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import ConductorConfig
 from raypd.conductor.topology import Topology
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,10 @@ class ClusterSpec:
     # How many times Ray restarts a node actor that died (SIGKILL, OOM, an engine crash): the same
     # name and constructor args, a fresh engine; the node pool re-attaches it. 0: a death is final.
     max_node_restarts: int = 0
+    # Every data plane connection (bootstrap, KV, tokens) between this cluster's processes proves it
+    # holds this. By default the driver process's own, which its RequestDriver uses too; `raypd serve`
+    # makes one per deployment (or reads it from RAYPD_DATA_PLANE_SECRET). Handed over by Ray, never logged.
+    data_plane_secret: DataPlaneSecret = field(default_factory=process_secret, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if min(self.prefill_nodes, self.decode_nodes, self.mixed_nodes) < 0:
@@ -181,7 +186,8 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
     module, cls_name = NODE_CLASSES[role]
     cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
     options = {**spec.engine_options, **spec.role_engine_options.get(role, {}), **engine_options}
-    kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node}
+    kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,
+              "data_plane_secret": spec.data_plane_secret}
     if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint
         kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
     if role is Role.DECODE:

@@ -60,16 +60,40 @@ class PayloadTooLarge(APIError):
     type = "invalid_request_error"
 
 
+# Retry-After of every 429: the ingress's and the nodes' queues turn over within about a second
+# (a few decode steps), and the Conductor's load view is refreshed twice a second.
+RETRY_AFTER_S = 1
+
+
+class RequestTimeout(APIError):
+    """The client did not send its body within the body deadline (a slow or stalled upload)."""
+    status = 408
+    type = "timeout_error"
+
+
 class RateLimited(APIError):
-    """The Conductor's SLO admission said no: retrying later may succeed."""
+    """The cluster is full (a bounded queue at the ingress or a node) or its SLO admission said no:
+    retrying later may succeed, so the answer always carries Retry-After."""
     status = 429
     type = "rate_limit_error"
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None, retry_after_s: int = RETRY_AFTER_S):
+        super().__init__(message, param, code, {"retry-after": str(retry_after_s), **(headers or {})})
 
 
 class ServiceUnavailable(APIError):
     """No node can serve, or a node failed while serving: not the client's fault."""
     status = 503
     type = "service_unavailable_error"
+
+
+class GatewayTimeout(APIError):
+    """The request's total deadline (`--request-timeout`) passed before the cluster finished it; its
+    work on the nodes was aborted. 504: the ingress is a gateway and its upstream, the cluster, did
+    not answer in time (408 is kept for a client too slow to send its body)."""
+    status = 504
+    type = "timeout_error"
 
 
 def api_error(exc: BaseException) -> APIError:
@@ -80,6 +104,7 @@ def api_error(exc: BaseException) -> APIError:
     from raypd.cluster.client.router import NoNodeError
     from raypd.conductor.errors import AdmissionRejected, NoCandidateError
     from raypd.engine.errors import InvalidRequestError
+    from raypd.protocol.errors import OverloadedError
 
     if isinstance(exc, APIError):
         return exc
@@ -90,7 +115,9 @@ def api_error(exc: BaseException) -> APIError:
     if isinstance(exc, AdmissionRejected):
         return RateLimited(f"the cluster cannot meet its latency target for this request now ({exc.reason} "
                            f"estimate {exc.estimate_s:.2f}s > {exc.slo_s:.2f}s); retry later",
-                           code="slo_rejected", headers={"retry-after": "1"})
+                           code="slo_rejected")
+    if isinstance(exc, OverloadedError):
+        return RateLimited(f"the cluster is at capacity: {exc}; retry later", code="node_queue_full")
     if isinstance(exc, (NoNodeError, NoCandidateError)):
         return ServiceUnavailable(f"no node can serve this request: {exc}", code="no_node")
     if isinstance(exc, ray.exceptions.RayError):

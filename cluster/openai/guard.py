@@ -1,35 +1,60 @@
-"""The ingress's gate, as plain ASGI middleware in front of FastAPI: the API key (401) and the body
-size limit (413), decided before any byte of the body is parsed.
+"""The ingress's gate, as plain ASGI middleware in front of FastAPI: the API key (401), the body
+size limit (413) and the body's upload time (408), decided before any byte of the body is parsed;
+and the request's deadline, stamped at arrival into the scope's state (`deadline_of`).
 
 A declared Content-Length over the limit is refused without reading; a chunked body is read up to
 the limit and refused as soon as it passes it. The accepted body is buffered and replayed to the
 app, whose later receive() calls (disconnect detection while streaming) reach the real channel.
+
+A body must arrive within body_timeout_s (and the request's deadline): neither uvicorn nor Ray
+Serve's proxy bounds how long an upload may take (the proxy passes the body on message by message
+as it comes), so a client sending one byte a second would otherwise hold a request slot of this
+replica for as long as it likes.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
+from typing import Any
 
-from raypd.cluster.openai.api_errors import APIError, BadRequest, PayloadTooLarge, Unauthorized
+from raypd.cluster.openai.api_errors import APIError, BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
+from raypd.cluster.openai.deadline import until
 
 OPEN_PATHS = frozenset({"/health"})  # probes must work without the key
+# 4 MB (the default body limit) in 30 s is 1.1 Mbit/s: a slow link still makes it, a stalled one not.
+BODY_TIMEOUT_S = 30.0
+DEADLINE_KEY = "raypd_deadline"  # the request's deadline (event-loop time) in the ASGI scope's state
+
+
+def deadline_of(state: Any) -> float | None:
+    """The deadline GuardMiddleware stamped into a Starlette request.state (None: no deadline)."""
+    return getattr(state, DEADLINE_KEY, None)
 
 
 class GuardMiddleware:
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, request_timeout_s: float | None = None,
+                 body_timeout_s: float = BODY_TIMEOUT_S):
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        arrival = asyncio.get_running_loop().time()
+        deadline = None if self.request_timeout_s is None else arrival + self.request_timeout_s
+        scope.setdefault("state", {})[DEADLINE_KEY] = deadline
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         try:
             if self.api_key is not None and scope.get("path") not in OPEN_PATHS:
                 self._check_key(headers.get(b"authorization"), self.api_key)
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 return await self.app(scope, receive, send)
-            body = await self._read_body(headers.get(b"content-length"), receive)
+            body_deadline = min(arrival + self.body_timeout_s, deadline or float("inf"))
+            body = await until(body_deadline, self._read_body(headers.get(b"content-length"), receive),
+                               self._body_timed_out)
         except APIError as e:
             return await e.response()(scope, receive, send)
         if body is None:  # the client left before sending its body
@@ -53,6 +78,10 @@ class GuardMiddleware:
         scheme, _, key = authorization.partition(b" ")
         if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), expected):
             raise Unauthorized("Incorrect API key provided", code="invalid_api_key")
+
+    def _body_timed_out(self) -> RequestTimeout:
+        waited = min(self.body_timeout_s, self.request_timeout_s or self.body_timeout_s)
+        return RequestTimeout(f"the request body did not arrive within {waited:g} s", code="body_timeout")
 
     async def _read_body(self, content_length: bytes | None, receive) -> bytes | None:
         if content_length is not None:

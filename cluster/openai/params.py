@@ -5,6 +5,10 @@ Everything a node would reject is rejected here first, with the field to blame: 
 the context length, the vocabulary and the smallest node's KV capacity; max_tokens against what is
 left of the context; sampling values through SamplingParams' own checks (InvalidRequestError -> 400).
 A request that passes cannot fail on a node for a reason the client could have fixed.
+
+Checks run cheapest first, each before the work it bounds: prompts x n before any prompt is
+tokenized or any SamplingParams built (check_generations), a token prompt's length before its ids
+are scanned.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 from raypd.cluster.openai.api_errors import BadRequest
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest, TextPart, _SamplingFields
 from raypd.protocol.sampling_params import SamplingParams
+
+MAX_GENERATIONS = 64  # prompts x n in one request: bounds what one HTTP call can put on the nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +94,16 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def check_generations(req: ChatCompletionRequest | CompletionRequest, prompt_count: int) -> None:
+    """400 when prompts x n passes MAX_GENERATIONS; run it before any per-prompt or per-choice work."""
+    if prompt_count * req.n > MAX_GENERATIONS:
+        raise BadRequest(f"prompts x n is {prompt_count} x {req.n} = {prompt_count * req.n}; at most "
+                         f"{MAX_GENERATIONS} per request", "n", "too_many_generations")
+
+
 def prepare(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]],
             limits: ModelLimits) -> PreparedRequest:
+    check_generations(req, len(prompts))
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
     for ids in prompts:
         check_prompt(ids, limits, param)
@@ -110,15 +124,15 @@ def prepare(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[i
 def check_prompt(ids: Sequence[int], limits: ModelLimits, param: str) -> None:
     if not ids:
         raise BadRequest("the prompt is empty", param)
-    bad = next((t for t in ids if not 0 <= t < limits.vocab_size), None)
-    if bad is not None:
-        raise BadRequest(f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})", param)
     if len(ids) >= limits.context_len:
         raise BadRequest(f"This model's maximum context length is {limits.context_len} tokens; the prompt has "
                          f"{len(ids)}", param, "context_length_exceeded")
     if len(ids) + 1 > limits.prefill_kv_tokens:
         raise BadRequest(f"the prompt has {len(ids)} tokens; a prefill node's KV cache holds "
                          f"{limits.prefill_kv_tokens}", param, "context_length_exceeded")
+    if min(ids) < 0 or max(ids) >= limits.vocab_size:  # C-speed scans; the loop below only names the id
+        bad = next(t for t in ids if not 0 <= t < limits.vocab_size)
+        raise BadRequest(f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})", param)
 
 
 def _max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> int:

@@ -3,9 +3,15 @@
 Strict on purpose: a wrong-typed field (a string for max_tokens, 1.5 for n) is a 400, not a silent
 coercion, and an unknown field is a 400 as the OpenAI API answers it, so a typo such as `max_token`
 never passes unnoticed. Fields the API defines but raypd cannot honour are declared, so the ingress
-can reject them by name with a reason (see openai_params.py) instead of "unrecognized argument".
+can reject them by name with a reason (see params.py) instead of "unrecognized argument".
 Numeric ranges the engine knows (temperature, top_p, penalties) are checked by SamplingParams; the
-bounds here are the ones that must hold before anything is computed (n, seed width, stop count).
+bounds here are the ones that must hold before anything is computed (n, seed width, how many prompts,
+messages and stop strings, how long a stop string).
+
+Every list stops at its first bad item (`fail_fast`): by default pydantic reports one error per item,
+and a 4 MB body of 800,000 nulls in `prompt` took 16 s of the event loop to describe (three errors per
+item, one per union member). What the schema cannot bound cheaply - how many arrays, objects and
+members the JSON holds - json_shape.py bounds before the body is parsed.
 """
 from __future__ import annotations
 
@@ -17,6 +23,24 @@ from pydantic import BaseModel, ConfigDict, Field
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
 MAX_N = 16
 MAX_STOP_STRINGS = 4
+# A stop string is matched against every delta of every choice; the partial-match hold-back costs up
+# to its length squared per delta, so it stays short (stop strings are words or markers, not texts).
+MAX_STOP_CHARS = 256
+MAX_PROMPTS = 64       # a prompt list: no more than prompts x n allows (params.MAX_GENERATIONS, n = 1)
+# Chat messages. The template's cost grows with them (SmolLM2's: 0.14 s for 4096 two-word messages
+# here, off the event loop); past 4096 even two-word messages need 30,000+ tokens of context.
+MAX_MESSAGES = 4096
+MAX_TOOLS = 128        # the OpenAI API's own limits; raypd rejects tools and ignores metadata anyway
+MAX_METADATA = 16
+
+
+def _items(n: int | None = None):
+    """A list's bounds: at most `n` items, and validation stops at the first bad one."""
+    return Field(max_length=n, fail_fast=True)
+
+
+TokenIds = Annotated[list[int], _items()]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class _Strict(BaseModel):
@@ -41,10 +65,10 @@ class OtherPart(BaseModel):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | OtherPart] | None = None
+    content: str | Annotated[list[TextPart | OtherPart], _items()] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: Annotated[list[dict[str, Any]], _items()] | None = None
 
 
 class ResponseFormat(_Strict):
@@ -62,7 +86,7 @@ class _SamplingFields(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     seed: Seed | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: StopString | Annotated[list[StopString], _items(MAX_STOP_STRINGS)] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -72,27 +96,28 @@ class _SamplingFields(_Strict):
     top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # the sampler builds an int64 tensor of it
     min_p: float | None = None
     repetition_penalty: float | None = None
-    stop_token_ids: Annotated[list[int], Field(max_length=64)] | None = None
+    stop_token_ids: Annotated[list[int], _items(64)] | None = None
     ignore_eos: bool = False
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]], _items(MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Annotated[dict[str, str], Field(max_length=MAX_METADATA)] | None = None
     service_tier: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
-    # A string, a batch of strings, token ids, or a batch of token-id lists (as the OpenAI API).
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # A string, token ids, a batch of token-id lists or a batch of strings (as the OpenAI API). Token
+    # ids come first: a union tries its members in order, and ids are the one long list a body holds.
+    prompt: str | TokenIds | Annotated[list[TokenIds], _items(MAX_PROMPTS)] | Annotated[list[str], _items(MAX_PROMPTS)]
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None

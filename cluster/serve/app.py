@@ -6,6 +6,7 @@ HTML traceback).
     GET  /health, /health/ready readiness: 200 while every role has a live node (body: each node's state)
     GET  /health/live           liveness: the process answers
     GET  /admin/nodes           per node: what it still holds (zeros when idle) and its load
+The generation routes pass this replica's AdmissionGate (admission.py): past its bound, 429.
 """
 from __future__ import annotations
 
@@ -15,25 +16,28 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raypd.cluster.openai.api_errors import APIError, MethodNotAllowed, NotFound, api_error, from_validation_errors
-from raypd.cluster.openai.guard import GuardMiddleware
+from raypd.cluster.openai.guard import GuardMiddleware, deadline_of
+from raypd.cluster.openai.json_shape import check_json_shape
 from raypd.cluster.openai.metrics import IngressMetrics, MetricsMiddleware, record_of
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest
+from raypd.cluster.serve.admission import AdmissionGate, AdmissionMiddleware
 from raypd.cluster.serve.service import OpenAIService
 
 
 def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, replica: str = "",
-              metrics: IngressMetrics | None = None) -> FastAPI:
+              metrics: IngressMetrics | None = None, gate: AdmissionGate | None = None,
+              request_timeout_s: float | None = None) -> FastAPI:
     app = FastAPI(title="raypd", description="OpenAI-compatible endpoint of a raypd cluster")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = parse_body(await request.body(), ChatCompletionRequest)
-        return await _guarded(service.chat(body, record_of(request.state)))
+        return await _guarded(service.chat(body, record_of(request.state), deadline_of(request.state)))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = parse_body(await request.body(), CompletionRequest)
-        return await _guarded(service.completions(body, record_of(request.state)))
+        return await _guarded(service.completions(body, record_of(request.state), deadline_of(request.state)))
 
     @app.get("/v1/models")
     async def models():
@@ -72,7 +76,10 @@ def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, 
     async def on_unexpected(_: Request, exc: Exception):
         return api_error(exc).response()  # a bug of ours: a 500 with an OpenAI body, the detail in the log
 
-    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
+    if gate is not None:  # inside the guard: a refused key or body takes no slot
+        app.add_middleware(AdmissionMiddleware, gate=gate)
+    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes,
+                       request_timeout_s=request_timeout_s)
     if replica:
         app.add_middleware(ReplicaTag, replica=replica)
     # Added last, so outermost: it also counts the requests the guard refuses (401, 413).
@@ -82,7 +89,9 @@ def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, 
 
 def parse_body(raw: bytes, model: type[BaseModel]):
     """The body as `model`, whatever Content-Type the client sent (curl -d sends a form type); the
-    JSON is parsed by pydantic in strict mode, so wrong types are 400s, never coerced."""
+    JSON is parsed by pydantic in strict mode, so wrong types are 400s, never coerced. Parsing holds
+    the GIL wherever it runs, so its cost is bounded first (json_shape.py) and it stays on the loop."""
+    check_json_shape(raw)
     try:
         return model.model_validate_json(raw)
     except ValidationError as e:

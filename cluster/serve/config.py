@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from raypd.cluster.launch.local_cluster import ClusterSpec
+from raypd.kvtransfer.data_plane_auth import SECRET_ENV, DataPlaneSecret, data_plane_secret_from_env
 
 
 class ServeConfigError(ValueError):
@@ -37,6 +38,9 @@ class ServeConfig:
     ingress_replicas: int = 1
     ingress_cpus: float = 0.0             # the nodes do the heavy work; 0 keeps a small box schedulable
     chunk_timeout_s: float = 120.0        # the driver gives up on a node silent for this long
+    # A request's total deadline from its arrival (body upload, prompts, generation): then 504 (or an
+    # error event in a stream) and its work on the nodes is aborted. Long enough for a long output.
+    request_timeout_s: float = 600.0
     # Fault tolerance (docs/architecture.md, "Failure model").
     max_node_restarts: int = 10           # Ray restarts a dead node actor up to this many times
     retry_limit: int = 3                  # re-routes of a request that failed before its first token
@@ -46,9 +50,26 @@ class ServeConfig:
     breaker_failures: int = 3             # a node failing this many requests within breaker_window_s ...
     breaker_window_s: float = 30.0
     breaker_cooldown_s: float = 10.0      # ... leaves routing for this long, then one probe request
+    # Back-pressure (docs/architecture.md, "Back-pressure"). Per ingress replica: generation requests
+    # in progress, and more waiting for one of those slots; the next gets 429 + Retry-After. None:
+    # derived from what the nodes hold (admission_limits()). The nodes' own bound is the engine
+    # option max_waiting_requests.
+    max_ongoing_requests: int | None = None
+    max_queued_requests: int | None = None
+    ttft_slo_s: float | None = None       # the Conductor rejects (429) a request whose estimated TTFT exceeds it
     app_name: str = "raypd"
+    # Proven by every data plane connection (kvtransfer/data_plane_auth.py). None: taken from the
+    # environment variable RAYPD_DATA_PLANE_SECRET (the Helm chart fills it from a Kubernetes Secret),
+    # else a fresh random one; made once here, so the node pool and every ingress replica share it.
+    data_plane_secret: DataPlaneSecret | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.data_plane_secret is None:
+            try:
+                secret = data_plane_secret_from_env()
+            except ValueError as e:
+                raise ServeConfigError(f"{SECRET_ENV}: {e}") from None
+            object.__setattr__(self, "data_plane_secret", secret)
         counts = (self.prefill_nodes, self.decode_nodes, self.mixed_nodes)
         if any(not isinstance(c, int) or c < 0 for c in counts):
             raise ServeConfigError("node counts must be integers >= 0")
@@ -71,6 +92,8 @@ class ServeConfig:
             raise ServeConfigError("max_body_bytes must be >= 1024")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ServeConfigError("default_max_tokens must be >= 1")
+        if not self.request_timeout_s > 0:
+            raise ServeConfigError("--request-timeout must be > 0 seconds")
         for name in ("max_node_restarts", "retry_limit", "migration_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -79,17 +102,31 @@ class ServeConfig:
             raise ServeConfigError("breaker_failures must be >= 1")
         if min(self.probe_interval_s, self.route_timeout_s, self.breaker_window_s, self.breaker_cooldown_s) <= 0:
             raise ServeConfigError("probe_interval_s, route_timeout_s and the breaker times must be > 0")
+        for name, low in (("max_ongoing_requests", 1), ("max_queued_requests", 0)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise ServeConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}")
+        if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
+            raise ServeConfigError("--ttft-slo must be > 0 seconds")
+        self.admission_limits()  # the engine options it reads are valid
 
     @classmethod
     def from_args(cls, args: dict) -> ServeConfig:
         """From a Serve config file's `args` (unknown keys are an error, not silently dropped)."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"data_plane_secret"}
+        if "data_plane_secret" in args:  # a Serve config file is shown in the dashboard: no secrets there
+            raise ServeConfigError(f"the data plane secret is read from {SECRET_ENV}, not from the app args")
         unknown = sorted(set(args) - known)
         if unknown:
             raise ServeConfigError(f"unknown raypd app args: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         if args.get("mixed_nodes") and "prefill_nodes" not in args and "decode_nodes" not in args:
             args = {**args, "prefill_nodes": 0, "decode_nodes": 0}  # mixed alone means no PD nodes, as the CLI
         return cls(**args)
+
+    @property
+    def secret(self) -> DataPlaneSecret:
+        assert self.data_plane_secret is not None  # set in __post_init__
+        return self.data_plane_secret
 
     def model_name(self) -> str:
         if self.served_model_name:
@@ -100,9 +137,25 @@ class ServeConfig:
         path = Path(self.model)
         return path.stem if path.suffix == ".gguf" else path.name
 
+    def admission_limits(self) -> tuple[int, int]:
+        """(max_ongoing, max_queued) of one ingress replica. Unset, max_ongoing is what the decode
+        (or mixed) nodes hold - max_running_requests running plus max_waiting_requests waiting each -
+        shared among the replicas, and max_queued the same again waiting at the ingress."""
+        from raypd.engine.config import EngineConfig  # the engine's defaults are the one source
+
+        try:
+            engine = EngineConfig(**self.engine_options)
+        except Exception as e:  # noqa: BLE001 - unknown option (TypeError) or bad value (ConfigError)
+            raise ServeConfigError(f"engine options: {e}") from None
+        held = (self.decode_nodes + self.mixed_nodes) * (engine.max_running_requests + engine.waiting_limit)
+        ongoing = self.max_ongoing_requests or max(1, -(-held // self.ingress_replicas))
+        return ongoing, ongoing if self.max_queued_requests is None else self.max_queued_requests
+
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,
                            mixed_nodes=self.mixed_nodes, model=self.model, engine_options=dict(self.engine_options),
                            transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
                            gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name,
-                           policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts)
+                           policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts,
+                           data_plane_secret=self.secret,
+                           conductor_options={} if self.ttft_slo_s is None else {"ttft_slo_s": self.ttft_slo_s})

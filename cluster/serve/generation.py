@@ -18,6 +18,10 @@ breaker holds out).
     penalties). Sampling noise is a function of (seed, position), and a request without a seed gets
     one here, so greedy and sampled streams both continue exactly where they broke. The client sees
     latency, never a gap, a duplicate or a lost token; usage counts every token once.
+A node that refuses for want of capacity (finish_reason OVERLOADED) is not a failure: the circuit
+breaker does not count it. Before the first token the request ends at once with OverloadedError
+(HTTP 429, retry later: more attempts would only add load); a replay it refuses goes elsewhere.
+Retries and replays are routed as already admitted (no SLO rejection of a request under way).
 """
 from __future__ import annotations
 
@@ -32,11 +36,13 @@ from raypd.cluster.client.breaker import CircuitBreaker
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import NoNodeError, Route, Router
 from raypd.cluster.openai.api_errors import ServiceUnavailable
+from raypd.cluster.openai.deadline import events_until
 from raypd.cluster.openai.detokenizer import IncrementalDetokenizer
 from raypd.cluster.openai.params import ChoiceJob, PreparedRequest
 from raypd.cluster.openai.response_schema import FinishReason
 from raypd.cluster.openai.stop import StopMatcher
-from raypd.protocol.messages import TokenChunk
+from raypd.protocol.errors import OverloadedError
+from raypd.protocol.messages import OVERLOADED, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +72,29 @@ class Generator:
         self.migration_limit = migration_limit
         self.breaker = breaker or CircuitBreaker()
 
-    def run(self, request_id: str, prepared: PreparedRequest,
-            echo: list[str] | None = None) -> ChoiceStream:
-        """Events of every choice, interleaved; `echo` gives each prompt's text to repeat first."""
+    def run(self, request_id: str, prepared: PreparedRequest, echo: list[str] | None = None,
+            deadline: float | None = None) -> ChoiceStream:
+        """Events of every choice, interleaved; `echo` gives each prompt's text to repeat first. Past
+        `deadline` (event-loop time) the stream raises GatewayTimeout and every choice is aborted."""
         streams = [self.choice(f"{request_id}-{job.index}", prepared.prompts[job.prompt_index], job,
                                prepared.stops, echo[job.prompt_index] if echo else "")
                    for job in prepared.jobs]
-        return streams[0] if len(streams) == 1 else _interleave(streams)
+        events = streams[0] if len(streams) == 1 else _interleave(streams)
+        return events if deadline is None else events_until(deadline, events)
 
-    async def _route(self, request_id: str, prompt_ids: list[int], failed: frozenset[str]) -> Route:
+    async def _route(self, request_id: str, prompt_ids: list[int], failed: frozenset[str],
+                     admitted: bool = False) -> Route:
         """Route around this request's failed nodes and the breaker's open ones; fail-open: if the
-        breaker's exclusions leave a role with no node, route without them."""
+        breaker's exclusions leave a role with no node, route without them. `admitted`: a retry or
+        replay of a request under way, which admission control does not turn away."""
+        route = self.router.reroute if admitted else self.router.route
         held_out = self.breaker.excluded() - failed
         try:
-            return await self.router.route(request_id, prompt_ids, failed | held_out)
+            return await route(request_id, prompt_ids, failed | held_out)
         except NoNodeError:
             if not held_out:
                 raise
-            return await self.router.route(request_id, prompt_ids, failed)
+            return await route(request_id, prompt_ids, failed)
 
     async def choice(self, request_id: str, prompt_ids: list[int], job: ChoiceJob, stops: tuple[str, ...],
                      echo: str = "") -> ChoiceStream:
@@ -101,7 +112,7 @@ class Generator:
         while True:
             attempt_id = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
             attempt += 1
-            route = await self._route(attempt_id, prompt_ids + generated, frozenset(failed_nodes))
+            route = await self._route(attempt_id, prompt_ids + generated, frozenset(failed_nodes), attempt > 1)
             attempt_params = params if not generated else replace(
                 params, max_tokens=params.max_tokens - len(generated), num_replayed_tokens=len(generated))
             failure: TokenChunk | None = None
@@ -143,9 +154,12 @@ class Generator:
                         yield ChoiceEvent(job.index, released)
             if failure is None:
                 raise ServiceUnavailable("the cluster ended the request without a final message", code="node_failure")
+            if failure.finish_reason == OVERLOADED and not generated:
+                raise OverloadedError(failure.error or "a node is full", failure.failed_node)
             if failure.failed_node:
                 failed_nodes.add(failure.failed_node)
-                self.breaker.failure(failure.failed_node)
+                if failure.finish_reason != OVERLOADED:
+                    self.breaker.failure(failure.failed_node)
             if len(generated) >= params.max_tokens:  # every token arrived, only the end was lost
                 yield ChoiceEvent(job.index, matcher.feed(detok.flush()) + matcher.flush(), "length",
                                   len(generated), cached or 0)

@@ -15,6 +15,7 @@ from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.openai.params import ModelLimits
+from raypd.cluster.serve.admission import AdmissionGate
 from raypd.cluster.serve.app import build_app
 from raypd.cluster.serve.config import ServeConfig
 from raypd.cluster.serve.generation import Generator
@@ -26,7 +27,8 @@ from raypd.engine.tokenizer import Tokenizer
 
 @serve.deployment(ray_actor_options={"num_cpus": 0},
                   # Streams are long-lived and cheap here (the nodes do the work): the default of 5
-                  # would queue the sixth stream at the proxy behind whole generations.
+                  # would queue the sixth stream at the proxy behind whole generations. The app
+                  # sets these above the replica's own AdmissionGate (serve_app.py).
                   max_ongoing_requests=1024, graceful_shutdown_timeout_s=30)
 @serve.ingress()
 class OpenAIIngress:
@@ -47,9 +49,9 @@ class OpenAIIngress:
             prefill_kv_tokens=min(n.num_blocks * block_size for n in nodes if n.role.serves_prefill),
             default_max_tokens=config.default_max_tokens)
         # The node set follows the pool's supervisor: restarted nodes' new handles, dead nodes out.
-        self.node_set = NodeSet(membership, node_pool.membership.remote)
+        self.node_set = NodeSet(membership, node_pool.membership.remote)  # a Serve handle: Serve's own calls
         self.node_set.start()
-        driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s)
+        driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s, secret=config.secret)
         self.driver = driver
         # A node the pool finds hung or gone: its streams here end now and are replayed elsewhere.
         self.node_set.on_leave(lambda name, state: driver.fail_node(name, f"node {name} is {state.value}"))
@@ -59,10 +61,12 @@ class OpenAIIngress:
         generator = Generator(driver, router, tokenizer.hf, retry_limit=config.retry_limit,
                               migration_limit=config.migration_limit, breaker=breaker)
         self.service = OpenAIService(tokenizer, limits, generator, self.node_set)
+        self.gate = AdmissionGate(*config.admission_limits())
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
-        return build_app(self.service, self.config.api_key, self.config.max_body_bytes, self.replica)
+        return build_app(self.service, self.config.api_key, self.config.max_body_bytes, self.replica,
+                         gate=self.gate, request_timeout_s=self.config.request_timeout_s)
 
     def __del__(self):
         node_set = getattr(self, "node_set", None)

@@ -1,5 +1,10 @@
 """What each endpoint does, independent of FastAPI and of Serve: turn a validated request into
 prompts and sampling parameters, run it, render the answer. One instance per ingress replica.
+
+Every generation request runs against its deadline (event-loop time, set where the request arrived:
+see guard.py): preparing the prompts, routing, and every event after. When it passes, the request's
+streams close, which aborts its work on both nodes, and the client gets a 504 (or, once a stream has
+begun, an error event and [DONE]).
 """
 from __future__ import annotations
 
@@ -13,48 +18,52 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.openai.api_errors import BadRequest, ServiceUnavailable
+from raypd.cluster.openai.deadline import until
 from raypd.cluster.openai.metrics import RequestRecord, track
-from raypd.cluster.openai.params import ModelLimits, PreparedRequest, chat_messages, check_supported, prepare
+from raypd.cluster.openai.params import ModelLimits, PreparedRequest, check_generations, check_supported, prepare
+from raypd.cluster.openai.prompts import PromptBuilder
 from raypd.cluster.openai.render import Kind, Renderer
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest
 from raypd.cluster.openai.response_schema import ModelCard, ModelList
 from raypd.cluster.serve.generation import Generator
-from raypd.engine.errors import InvalidRequestError
 from raypd.engine.tokenizer import Tokenizer
 
-MAX_GENERATIONS = 64  # prompts x n in one request: bounds what one HTTP call can put on the nodes
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}  # no proxy may buffer the stream
 
 
 class OpenAIService:
     def __init__(self, tokenizer: Tokenizer, limits: ModelLimits, generator: Generator,
-                 nodes: NodeSet | list[NodeHandle]):
+                 nodes: NodeSet | list[NodeHandle], prompts: PromptBuilder | None = None):
         self.tokenizer = tokenizer
+        self.prompts = prompts or PromptBuilder(tokenizer, limits)
         self.limits = limits
         self.generator = generator
         self.nodes = NodeSet.of(nodes)
         self.created = int(time.time())
 
-    async def chat(self, req: ChatCompletionRequest, rec: RequestRecord | None = None) -> Response:
+    async def chat(self, req: ChatCompletionRequest, rec: RequestRecord | None = None,
+                   deadline: float | None = None) -> Response:
         self._check(req)
-        messages = chat_messages(req)
-        try:
-            ids = self.tokenizer.apply_chat_template(messages)
-        except InvalidRequestError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a Jinja template may raise anything on odd messages
-            raise BadRequest(f"the model's chat template rejected the messages: {e}", "messages") from e
-        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits), rec=rec)
+        check_generations(req, 1)
+        ids = await until(deadline, self.prompts.chat(req))
+        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits), rec=rec,
+                                   deadline=deadline)
 
-    async def completions(self, req: CompletionRequest, rec: RequestRecord | None = None) -> Response:
+    async def completions(self, req: CompletionRequest, rec: RequestRecord | None = None,
+                          deadline: float | None = None) -> Response:
         self._check(req)
-        prompts = self._completion_prompts(req.prompt)
+        items = _as_list(req.prompt)
+        if not items:
+            raise BadRequest("the prompt is empty", "prompt")
+        check_generations(req, len(items))
+        prompts = await until(deadline, self.prompts.completion(items))
         prepared = prepare(req, prompts, self.limits)
         echo = None
         if req.echo:
-            echo = [p if isinstance(p, str) else self.tokenizer.decode(ids)
-                    for p, ids in zip(_as_list(req.prompt), prompts)]
-        return await self._respond("completion", "cmpl", req, prepared, echo, rec)
+            ids_only = [ids for p, ids in zip(items, prompts) if not isinstance(p, str)]
+            decoded = iter(await until(deadline, self.prompts.decode(ids_only)) if ids_only else [])
+            echo = [p if isinstance(p, str) else next(decoded) for p in items]
+        return await self._respond("completion", "cmpl", req, prepared, echo, rec, deadline)
 
     def models(self) -> dict:
         card = ModelCard(id=self.limits.name, created=self.created, max_model_len=self.limits.context_len)
@@ -92,21 +101,14 @@ class OpenAIService:
         if req.stream_options is not None and not req.stream:
             raise BadRequest("stream_options is only allowed when stream is true", "stream_options")
 
-    def _completion_prompts(self, prompt) -> list[list[int]]:
-        items = _as_list(prompt)
-        if not items:
-            raise BadRequest("the prompt is empty", "prompt")
-        return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
-
     async def _respond(self, kind: Kind, prefix: str, req, prepared: PreparedRequest,
-                       echo: list[str] | None = None, rec: RequestRecord | None = None) -> Response:
-        if len(prepared.jobs) > MAX_GENERATIONS:
-            raise BadRequest(f"prompts x n is {len(prepared.jobs)}; at most {MAX_GENERATIONS} per request", "n")
+                       echo: list[str] | None = None, rec: RequestRecord | None = None,
+                       deadline: float | None = None) -> Response:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         renderer = Renderer(kind, rid, self.limits.name, int(time.time()), [len(p) for p in prepared.prompts],
                             req.n, include_usage)
-        events = track(rec, self.generator.run(rid, prepared, echo), prepared, echo)  # metrics, if recorded
+        events = track(rec, self.generator.run(rid, prepared, echo, deadline), prepared, echo)  # metrics, if recorded
         if not req.stream:
             return JSONResponse(await renderer.collect(events))
         # Wait for the first event before answering, so routing and early node failures still get

@@ -24,6 +24,7 @@ import ray
 
 from raypd.cluster.client.membership import Member, Membership, MemberState
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.metrics.task_events import untracked
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,8 @@ class NodeSupervisor:
     async def _probe(self, member: Member) -> None:
         actor = member.node.actor
         try:
-            info = await asyncio.wait_for(actor.ready.remote(), self.probe_timeout_s)
-            load = await asyncio.wait_for(actor.load_report.remote(), self.probe_timeout_s)
+            info = await asyncio.wait_for(untracked(actor.ready).remote(), self.probe_timeout_s)
+            load = await asyncio.wait_for(untracked(actor.load_report).remote(), self.probe_timeout_s)
         except Exception as e:  # noqa: BLE001 - any failure takes the node out of routing
             self._failed(member, e)
             return
@@ -132,7 +133,7 @@ class NodeSupervisor:
         if self.conductor is None:
             return
         try:
-            status = await asyncio.wait_for(self.conductor.status.remote(), self.probe_timeout_s)
+            status = await asyncio.wait_for(untracked(self.conductor.status).remote(), self.probe_timeout_s)
         except Exception as e:  # noqa: BLE001 - the ingress routes without it meanwhile
             state = state_after(e)
             if state is MemberState.DEAD:  # the Conductor restarts without bound: a died call means restarting

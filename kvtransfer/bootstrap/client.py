@@ -12,15 +12,17 @@ import logging
 import zmq
 
 from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client
 from raypd.kvtransfer.errors import SchemaError
 
 log = logging.getLogger(__name__)
 
 
 class BootstrapLink:
-    def __init__(self, ctx: zmq.Context, address: str, identity: str, max_message_bytes: int, now: float):
+    def __init__(self, ctx: zmq.Context, address: str, identity: str, max_message_bytes: int, now: float,
+                 secret: DataPlaneSecret):
         self.address = address
-        self.socket = ctx.socket(zmq.DEALER)
+        self.socket = as_client(ctx.socket(zmq.DEALER), secret)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTING_ID, identity.encode())
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)

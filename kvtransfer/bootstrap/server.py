@@ -1,6 +1,7 @@
 """BootstrapServer: the sender (prefill) side's ZMQ ROUTER that receivers register with.
 
-It only moves validated messages: every received message is decoded against bootstrap_schema, and a
+Only peers holding the deployment's secret can connect (CURVE, data_plane_auth.py), so a routing
+id here is an authenticated receiver's. It only moves validated messages: every received message is decoded against bootstrap_schema, and a
 malformed one is logged and answered with an Error, never allowed to raise into the endpoint loop.
 What a message means is KVSender's business.
 """
@@ -11,14 +12,15 @@ import logging
 import zmq
 
 from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, HandshakeWatch, as_server
 from raypd.kvtransfer.errors import SchemaError
 
 log = logging.getLogger(__name__)
 
 
 class BootstrapServer:
-    def __init__(self, ctx: zmq.Context, host: str, port: int, max_message_bytes: int):
-        self.socket = ctx.socket(zmq.ROUTER)
+    def __init__(self, ctx: zmq.Context, host: str, port: int, max_message_bytes: int, secret: DataPlaneSecret):
+        self.socket = as_server(ctx.socket(zmq.ROUTER), secret)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises, not blocks
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
@@ -27,8 +29,10 @@ class BootstrapServer:
         else:
             port = self.socket.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
+        self.watch = HandshakeWatch(self.socket, f"bootstrap {self.address}")  # poll watch.socket too
 
     def receive(self) -> list[tuple[bytes, schema.Message]]:
+        self.watch.drain()
         out: list[tuple[bytes, schema.Message]] = []
         while True:
             try:
@@ -53,4 +57,5 @@ class BootstrapServer:
             return False
 
     def close(self) -> None:
+        self.watch.close()
         self.socket.close(linger=0)

@@ -11,6 +11,7 @@ import zmq
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import Router
 from raypd.cluster.client.token_receiver import default_host
+from raypd.kvtransfer.data_plane_auth import as_server, process_secret
 from raypd.protocol.messages import TokenChunk, unpack_chunks
 from raypd.protocol.sampling_params import SamplingParams
 
@@ -61,7 +62,8 @@ class TokenSink:
     generate() themselves: put `address` in NodeRequest.reply_address, then read a request's chunks."""
 
     def __init__(self):
-        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        # The nodes of a NodeCluster started in this process hold this process's secret.
+        self._sock = as_server(zmq.Context.instance().socket(zmq.PULL), process_secret())
         self._sock.setsockopt(zmq.LINGER, 0)
         host = default_host()
         self.address = f"tcp://{host}:{self._sock.bind_to_random_port(f'tcp://{host}')}"

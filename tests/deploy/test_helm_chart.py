@@ -83,7 +83,7 @@ def test_default_serve_config(render):
     assert app["import_path"] == "raypd.cluster.serve_app:app_builder"
     assert app["route_prefix"] == "/"
     assert app["args"] == {"model": None, "prefill_nodes": 1, "decode_nodes": 1, "mixed_nodes": 0,
-                           "gpus_per_node": 1, "place_by_role": True, "policy": "cost"}
+                           "gpus_per_node": 1, "place_by_role": True, "policy": "cost", "request_timeout_s": 600}
     # The app builder accepts them, and the role labels it places by are on every worker group.
     from raypd.cluster.serve.config import ServeConfig
     assert ServeConfig.from_args(dict(app["args"])).cluster_spec().place_by_role
@@ -170,6 +170,17 @@ def test_existing_secret_is_referenced_not_created(render):
     for c in containers(r):
         (env,) = c["env"]
         assert env == {"name": "RAYPD_API_KEY", "valueFrom": {"secretKeyRef": {"name": "my-key", "key": "token"}}}
+
+
+def test_data_plane_secret_reaches_every_ray_container_by_reference(render):
+    r = render({**EXISTING_SECRET, "dataPlaneSecret": {"existingSecret": "dp", "secretKey": "k"}})
+    for c in containers(r):
+        env = {e["name"]: e for e in c["env"]}
+        assert env["RAYPD_DATA_PLANE_SECRET"] == {"name": "RAYPD_DATA_PLANE_SECRET",
+                                                  "valueFrom": {"secretKeyRef": {"name": "dp", "key": "k"}}}
+    assert r.of_kind("Secret") == []  # referenced, never created: its bytes are not in the chart
+    r = render(EXISTING_SECRET)
+    assert all("RAYPD_DATA_PLANE_SECRET" not in json.dumps(c.get("env", [])) for c in containers(r))
 
 
 def test_big_model_claim_and_download_init_container(render):
@@ -294,6 +305,17 @@ def test_name_limit_is_exactly_47(render):
 def test_values_schema_rejects(render, values, where):
     with pytest.raises(helm_python.HelmValuesError, match=re.escape(where)):
         render(values)
+
+
+def test_request_timeout_reaches_the_app_and_the_schema_bounds_it(render):
+    from raypd.cluster.serve.config import ServeConfig
+
+    args = render({"serve": {"requestTimeoutSeconds": 45.5}}).app_args
+    assert args["request_timeout_s"] == 45.5
+    assert ServeConfig.from_args(dict(args)).request_timeout_s == 45.5
+    for bad in (0, -1, "10"):
+        with pytest.raises(helm_python.HelmValuesError, match=re.escape("/serve/requestTimeoutSeconds")):
+            render({"serve": {"requestTimeoutSeconds": bad}})
 
 
 def test_policy_enum_matches_the_conductor_registry():

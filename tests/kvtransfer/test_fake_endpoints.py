@@ -138,8 +138,9 @@ def test_sender_abort_reaches_receiver(pair):
     assert "prefill failed" in rcv.failure_reason(3)
 
 
-def test_receiver_abort_during_a_held_write_waits_for_it(pair):
+def test_receiver_abort_during_a_held_write_waits_for_it_when_writes_cannot_be_refused(pair):
     snd, rcv = pair
+    rcv.backend.revocable = False  # as nixl's one-sided writes: the receiver cannot refuse them
     handshake(snd, rcv, 4, [6, 7])
     snd.backend.hold_writes = True
     snd.send(4, [1, 2])
@@ -151,6 +152,37 @@ def test_receiver_abort_during_a_held_write_waits_for_it(pair):
     snd.backend.complete_held()  # the fake's bytes land now (from this thread: fine for the fake)
     assert snd.wait(4, S.SUCCESS, W) == S.FAILED
     assert rcv.wait(4, S.SUCCESS, W) == S.FAILED  # the late notification was not taken as success
+
+
+def test_a_write_held_past_the_heartbeat_timeout_cannot_land_in_reused_blocks(pair):
+    """The write-after-free bug: the receiver gives a room up, its blocks go to another request, and
+    the first room's write lands late. With a revocable backend the abort is final at once and the
+    late write is refused: the blocks keep the second request's bytes."""
+    snd, rcv = pair
+    handshake(snd, rcv, 4, [6, 7])
+    snd.backend.hold_writes = snd.backend.unrecallable_writes = True  # even cancelling cannot stop it
+    snd.send(4, [1, 2])
+    assert rcv.wait(4, S.TRANSFERRING, W) == S.TRANSFERRING
+    rcv.abort(4, "client went away")
+    assert rcv.wait(4, S.SUCCESS, W) == S.FAILED  # final without the sender: the window is closed
+    rcv.release(4)
+    time.sleep(CFG.heartbeat_timeout_s * 1.5)  # hold the write well past the heartbeat timeout
+    # The blocks now belong to another request, written by its own room.
+    snd.backend.hold_writes = False
+    handshake(snd, rcv, 5, [6, 7])
+    snd.send(5, [3, 4])
+    assert rcv.wait(5, S.SUCCESS, W) == S.SUCCESS
+    second = rcv.backend.pool[[6, 7]].clone()
+    assert torch.equal(second, snd.backend.pool[[3, 4]])
+    assert snd.backend.complete_held() == 1  # the first room's write arrives now
+    assert rcv.backend.num_refused == 1
+    assert torch.equal(rcv.backend.pool[[6, 7]], second)  # untouched
+    assert snd.wait(4, S.SUCCESS, W) == S.FAILED
+    assert snd.wait(5, S.SUCCESS, W) == S.SUCCESS
+    for room in (4, 5):
+        snd.release(room)
+    rcv.release(5)
+    assert_clean(snd, rcv)
 
 
 def test_failed_write_fails_both_sides(pair):

@@ -14,6 +14,7 @@ import zmq
 from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
 from raypd.kvtransfer import TransferState as S
 from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client
 from tests.kvtransfer.peer_proc import Peer, make_pool, rand_tables
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -23,10 +24,14 @@ SEND_BLOCKS, SEND_SLOTS = 128, 16
 RECV_BLOCKS, RECV_SLOTS = 512, 96
 
 
+# Both processes' endpoints get this one (pickled to the child), as a deployment hands out its secret.
+SECRET = DataPlaneSecret.generate()
+
+
 def config(backend: str, **kw) -> dict:
     # Short enough to keep the suite quick, long enough for a loaded 2-core machine.
     return dict(backend=backend, nixl_ucx_devices="lo", bootstrap_timeout_s=3.0, wait_timeout_s=30.0,
-                transfer_timeout_s=10.0, heartbeat_interval_s=0.25, heartbeat_timeout_s=3.0) | kw
+                transfer_timeout_s=10.0, heartbeat_interval_s=0.25, heartbeat_timeout_s=3.0, secret=SECRET) | kw
 
 
 @pytest.fixture(scope="module", params=["nixl", "tcp"])
@@ -225,7 +230,7 @@ def test_sender_killed_receiver_frees_everything(backend):
 def test_malformed_and_wrong_version_messages_are_rejected(backend, caplog):
     snd, spool, _ = make_sender(backend)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = as_client(ctx.socket(zmq.DEALER), SECRET)  # an insider's bugs: it holds the secret
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTING_ID, b"intruder")
     sock.connect(snd.bootstrap_address)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from raypd.kvtransfer import TransferConfig
+from raypd.kvtransfer.data_plane_auth import as_server, process_secret
 from raypd.protocol.messages import NodeRequest, TokenChunk, unpack_chunks
 from raypd.protocol.sampling_params import SamplingParams
 
@@ -57,7 +58,8 @@ class TokenSink:
     NodeRequest.reply_address."""
 
     def __init__(self) -> None:
-        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        # As a driver's: nodes of this process hold its secret (data_plane_auth.process_secret).
+        self._sock = as_server(zmq.Context.instance().socket(zmq.PULL), process_secret())
         self._sock.setsockopt(zmq.LINGER, 0)
         self.address = f"tcp://127.0.0.1:{self._sock.bind_to_random_port('tcp://127.0.0.1')}"
         self._chunks: dict[str, list[TokenChunk]] = defaultdict(list)

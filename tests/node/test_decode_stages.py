@@ -204,7 +204,8 @@ def test_abort_during_transfer_before_the_prefill_started(side):
     assert_freed(side)
 
 
-def test_abort_during_a_held_write_keeps_the_blocks_until_it_stops(side):
+def test_abort_during_a_held_write_keeps_the_blocks_until_it_stops_when_writes_cannot_be_refused(side):
+    side.receiver.backend.revocable = False  # as nixl: a posted write lands whatever the receiver does
     dr = side.new(40)
     side.peer.add_room(dr.room)
     side.to_transfer(dr)
@@ -220,6 +221,29 @@ def test_abort_during_a_held_write_keeps_the_blocks_until_it_stops(side):
     assert side.peer.backend.complete_held() == 1
     wait_until(lambda: side.transfer.pop_ended() == [dr], "the room to end")
     assert dr.aborting and dr.error is None
+    release_peer(side, dr)
+    assert_freed(side)
+
+
+def test_abort_during_a_held_write_frees_the_blocks_at_once_and_the_late_write_is_refused(side):
+    dr = side.new(40)
+    side.peer.add_room(dr.room)
+    side.to_transfer(dr)
+    wait_until(lambda: side.peer.poll(dr.room) == S.WAITING_FOR_INPUT, "the destination")
+    side.peer.backend.hold_writes = side.peer.backend.unrecallable_writes = True
+    side.send(dr)
+    wait_until(lambda: side.receiver.poll(dr.room) == S.TRANSFERRING, "the write to start")
+    blocks = list(dr.blocks)
+    before = side.receiver.backend.pool[blocks].clone()
+    side.transfer.abort(dr)
+    # The window closed with the abort: nothing of the room can land, so it ends without the sender.
+    wait_until(lambda: side.transfer.pop_ended() == [dr], "the room to end")
+    assert dr.aborting and dr.error is None
+    side.peer.backend.hold_writes = False
+    assert side.peer.backend.complete_held() == 1  # the late write arrives ...
+    assert side.receiver.backend.num_refused == 1  # ... and is refused
+    assert torch.equal(side.receiver.backend.pool[blocks], before)
+    wait_until(lambda: side.peer.poll(dr.room) == S.FAILED, "the sender to give the room up")
     release_peer(side, dr)
     assert_freed(side)
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import pytest
+import torch
 
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.prefill_node.prefill_node import PrefillNode
@@ -152,32 +154,55 @@ def test_abort_while_the_prefill_waits_in_the_engine(nodes, sink, who):
     assert held_res.ok and held_end.final.finish_reason in ("stop", "length") and tokens(sink, held_end)
 
 
+@pytest.mark.parametrize("revocable", [True, False], ids=["refusable-writes", "one-sided-writes"])
 @pytest.mark.parametrize("who", ["prefill", "decode"])
-def test_abort_while_the_kv_is_in_flight(nodes, sink, who):
-    """The write is held: the blocks on both nodes stay held until it stops, whoever aborts."""
+def test_abort_while_the_kv_is_in_flight(nodes, sink, who, revocable):
+    """The write is held. The prefill node's source blocks stay held until it stops, whoever aborts.
+    The decode node's destination blocks stay held too when it cannot refuse the write (nixl's
+    one-sided writes); when it can (tcp, the fake), they are freed at once and the write is refused."""
     prefill, decode = nodes
+    decode.receiver.backend.revocable = revocable
     req = pd_request(nodes, sink, prompt(40, 9000))
 
     async def main():
         prefill.sender.backend.hold_writes = True  # type: ignore[attr-defined]
+        prefill.sender.backend.unrecallable_writes = True  # type: ignore[attr-defined]
         both = [asyncio.ensure_future(c) for c in (prefill.prefill(req), decode.generate(req))]
         await wait_queue(prefill, "inflight", 1)
         await wait_queue(decode, "transfer", 1)
+        before = decode.core.engine.kv_cache.pool.clone()
+        refused = decode.receiver.backend.num_refused  # type: ignore[attr-defined]
         if who == "prefill":  # the client went away: like the driver, abort on both sides
             await prefill.abort(req.request_id)
         await decode.abort(req.request_id)
-        await wait_queue(decode, "aborting", 1)
+        if revocable:
+            await wait_until_async(lambda: decode.stats(), lambda st: st["reservations"] == 0)
+        else:
+            await wait_queue(decode, "aborting", 1)
         if who == "prefill":
             await wait_queue(prefill, "aborting", 1)
-        # Nothing freed under the write: the engine request (holding its blocks) and the reservation.
-        assert (await prefill.check_idle())["requests"] == 1 and (await decode.stats())["reservations"] == 1
+        # Nothing freed under the write: the engine request holding the source blocks, and (one-sided
+        # writes) the reservation.
+        assert (await prefill.check_idle())["requests"] == 1
+        assert (await decode.stats())["reservations"] == (0 if revocable else 1)
         prefill.sender.backend.hold_writes = False  # type: ignore[attr-defined]
         assert prefill.sender.backend.complete_held() == 1  # type: ignore[attr-defined]
+        if revocable:  # the late write was refused: the freed blocks kept their bytes
+            assert decode.receiver.backend.num_refused == refused + 1  # type: ignore[attr-defined]
+            assert torch.equal(decode.core.engine.kv_cache.pool, before)
         return await asyncio.gather(*both)
     res, end = asyncio.run(main())
     assert not res.ok and res.error == ("aborted by the client" if who == "prefill"
                                         else "aborted by the receiver: aborted by the client")
     assert end.final.finish_reason == "abort" and not tokens(sink, end)
+
+
+async def wait_until_async(read, ok, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while not ok(value := await read()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never reached: {value}")
+        await asyncio.sleep(0.005)
 
 
 def test_abort_in_prealloc_and_in_transfer(nodes, sink):

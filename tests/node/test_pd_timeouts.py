@@ -11,6 +11,7 @@ import pytest
 
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.prefill_node.prefill_node import PrefillNode
+from raypd.protocol.messages import OVERLOADED
 from tests.node.pd import PATIENT, TokenSink, assert_idle, prompt, request, wait_queue
 
 BOOTSTRAP_S, PREALLOC_S, TRANSFER_S = 2.0, 0.5, 0.5
@@ -85,6 +86,7 @@ def test_prealloc_timeout(nodes, sink):
         return late_end, await prefilled, await decoded
     late_end, res, end = asyncio.run(main())
     assert late_end.final.error == f"no KV memory for the prompt on late-decode within {PREALLOC_S:g}s"
+    assert late_end.final.finish_reason == OVERLOADED  # want of capacity, not a fault: the ingress says 429
     assert "prealloc_s" not in late_end.final.timings  # it never got blocks
     assert sink.chunks(late.request_id)[-1] == late_end.final
     assert res.ok and end.final.finish_reason in ("stop", "length") and end.num_tokens > 0

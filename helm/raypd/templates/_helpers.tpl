@@ -141,8 +141,15 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
   "place_by_role" true
   "policy" .Values.serve.policy
 -}}
+{{- $_ := set $args "request_timeout_s" (float64 .Values.serve.requestTimeoutSeconds) -}}
 {{- if .Values.topology.config -}}
 {{- $_ := set $args "topology" (printf "%s/topology.yaml" .Values.topology.mountPath) -}}
+{{- end -}}
+{{- with .Values.serve.admission -}}
+{{- if not (kindIs "invalid" .ttftSlo) -}}{{- $_ := set $args "ttft_slo_s" (float64 .ttftSlo) -}}{{- end -}}
+{{- if not (kindIs "invalid" .maxOngoingRequests) -}}{{- $_ := set $args "max_ongoing_requests" (int .maxOngoingRequests) -}}{{- end -}}
+{{- if not (kindIs "invalid" .maxQueuedRequests) -}}{{- $_ := set $args "max_queued_requests" (int .maxQueuedRequests) -}}{{- end -}}
+{{- if not (kindIs "invalid" .maxWaitingRequests) -}}{{- $_ := set $args "engine_options" (dict "max_waiting_requests" (int .maxWaitingRequests)) -}}{{- end -}}
 {{- end -}}
 {{- $args = merge $args (deepCopy .Values.serve.extraArgs) -}}
 {{- $importPath := .Values.serve.importPath -}}
@@ -157,7 +164,7 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- toYaml (dict "proxy_location" "EveryNode" "http_options" $http "applications" (list $app)) -}}
 {{- end -}}
 
-{{/* Environment shared by every Ray container: the API key (if any) and the user's env. */}}
+{{/* Environment shared by every Ray container: the API key and data plane secret (if any), the user's env. */}}
 {{- define "raypd.env" -}}
 {{- $root := index . 0 -}}
 {{- $extra := index . 1 -}}
@@ -168,6 +175,13 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
     secretKeyRef:
       name: {{ $secret }}
       key: {{ $root.Values.apiKey.secretKey }}
+{{- end }}
+{{- with $root.Values.dataPlaneSecret.existingSecret }}
+- name: RAYPD_DATA_PLANE_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $root.Values.dataPlaneSecret.secretKey }}
 {{- end }}
 {{- with $extra }}
 {{ toYaml . }}

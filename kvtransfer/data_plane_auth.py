@@ -1,0 +1,225 @@
+"""The data plane's authentication: one secret per deployment, proven on every ZMQ connection with CURVE.
+
+Every socket that carries KV metadata, KV bytes or tokens between raypd processes (the bootstrap
+ROUTER/DEALERs, the tcp backend's data sockets, the token PUSH/PULL pipes) is a CURVE socket whose
+keys derive from the deployment's DataPlaneSecret. The binding side is the CURVE server and runs a ZAP
+handler (pyzmq's ThreadAuthenticator) that admits only the key derived from the same secret, so:
+
+- a peer without the secret never completes the handshake: it gets no routing id, sends no message
+  and cannot take a registered receiver's route (the impostor problem of a plain ROUTER);
+- everything is encrypted and every message is authenticated with a nonce (no replay, no tampering).
+
+Why CURVE rather than an HMAC per message: the handshake runs before any of our code sees a byte, so
+no loop has to check tags or keep replay windows, and the peer identity ZMQ routes by is already
+authenticated. Its cost is encryption: 4 MiB messages move at ~600 MB/s per core against ~3.3 GB/s
+in the clear on loopback, which matters only to the tcp backend (NIXL's bytes travel over UCX; its
+metadata, which holds the memory keys a writer needs, travels over the authenticated bootstrap).
+
+Keys: one CURVE key pair derived from the secret (BLAKE2b keyed with the secret), used by both ends.
+The secret never leaves a DataPlaneSecret: repr() hides it and no key is logged.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import threading
+from typing import TypeVar
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger(__name__)
+
+# The environment variable `raypd serve` reads the secret from (a Kubernetes Secret mounts it there).
+SECRET_ENV = "RAYPD_DATA_PLANE_SECRET"
+MIN_SECRET_BYTES = 16
+_ZAP_DOMAIN = "raypd"
+SocketT = TypeVar("SocketT", bound=zmq.Socket)
+_KEY_CONTEXT = b"raypd data plane curve key v1"
+
+
+class DataPlaneSecret:
+    """The per-deployment secret. Pickles (Ray hands it to node actors) but never prints."""
+
+    __slots__ = ("_value", "_keys")
+
+    def __init__(self, value: bytes):
+        if not isinstance(value, bytes) or len(value) < MIN_SECRET_BYTES:
+            raise ValueError(f"a data plane secret needs at least {MIN_SECRET_BYTES} bytes")
+        self._value = value
+        self._keys: tuple[bytes, bytes] | None = None
+
+    @classmethod
+    def generate(cls) -> DataPlaneSecret:
+        return cls(secrets.token_bytes(32))
+
+    @classmethod
+    def from_text(cls, text: str) -> DataPlaneSecret:
+        """From a Secret's text: its UTF-8 bytes, surrounding whitespace (a trailing newline) removed."""
+        return cls(text.strip().encode())
+
+    @property
+    def public_key(self) -> bytes:
+        return self._key_pair()[0]
+
+    @property
+    def secret_key(self) -> bytes:
+        return self._key_pair()[1]
+
+    def _key_pair(self) -> tuple[bytes, bytes]:
+        if self._keys is None:
+            raw = hashlib.blake2b(_KEY_CONTEXT, key=self._value[:64], digest_size=32).digest()
+            secret_z85 = z85.encode(raw)
+            self._keys = (zmq.curve_public(secret_z85), secret_z85)
+        return self._keys
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DataPlaneSecret) and hmac.compare_digest(self._value, other._value)
+
+    def __hash__(self) -> int:
+        return hash(self.public_key)
+
+    def __repr__(self) -> str:
+        return "DataPlaneSecret(<hidden>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (DataPlaneSecret, (self._value,))
+
+
+def data_plane_secret_from_env() -> DataPlaneSecret:
+    """The secret in RAYPD_DATA_PLANE_SECRET, or a fresh random one when it is unset or empty."""
+    text = os.environ.get(SECRET_ENV, "")
+    return DataPlaneSecret.from_text(text) if text.strip() else DataPlaneSecret.generate()
+
+
+# What a process uses when it is given no secret: endpoints, nodes and drivers made without one talk
+# to each other inside this process and to no other process (a deployment hands every process its own).
+_PROCESS_SECRET = DataPlaneSecret.generate()
+
+
+def process_secret() -> DataPlaneSecret:
+    return _PROCESS_SECRET
+
+
+def as_server(sock: SocketT, secret: DataPlaneSecret) -> SocketT:
+    """Make a socket (before bind) accept only peers holding `secret`; its context must be guarded."""
+    guard(sock.context, secret)
+    sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN.encode())
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret.secret_key)
+    return sock
+
+
+def as_client(sock: SocketT, secret: DataPlaneSecret) -> SocketT:
+    """Make a socket (before connect) prove it holds `secret` to a server made by as_server()."""
+    sock.setsockopt(zmq.CURVE_SERVERKEY, secret.public_key)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, secret.public_key)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret.secret_key)
+    return sock
+
+
+class _Gate:
+    """ZAP credentials check: the client's public key must be one of the secrets' this context's
+    server sockets were made with (a process's shared context may serve two drivers of two
+    deployments; a client holding one secret still cannot complete a handshake with a socket of the
+    other, whose server key it does not know). Refusals are logged, the first one and then every
+    1000th, so a flood of strangers cannot flood the log."""
+
+    def __init__(self) -> None:
+        self.public_keys: set[bytes] = set()
+        self.refused = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if any(hmac.compare_digest(key, k) for k in self.public_keys):
+            return True
+        self.refused += 1
+        if self.refused % 1000 == 1:
+            log.warning("data plane: refused a connection that does not hold this deployment's secret "
+                        "(%d refused so far)", self.refused)
+        return False
+
+
+# Keyed by the libzmq context's address: asyncio shadows of one context share its ZAP endpoint.
+class HandshakeWatch:
+    """Logs the connections a CURVE server socket refused during the handshake: no CURVE at all, a
+    guessed key, or a key ZAP refused. libzmq drops those before any of our code reads a byte and
+    tells only a monitor socket; the owner polls `socket` with its others and calls drain(). Logged
+    like the ZAP refusals: the first, then every 1000th, with the count."""
+
+    EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+    def __init__(self, server: zmq.Socket, what: str):
+        self._server = server
+        self.socket = server.get_monitor_socket(self.EVENTS)
+        self.what = what
+        self.refused = 0
+
+    def drain(self) -> int:
+        """Read and log what the monitor reported (never blocks); how many refusals it read."""
+        n = 0
+        while True:
+            try:
+                frames = self.socket.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return n
+            self.note(frames)
+            n += 1
+
+    def note(self, frames: list[bytes]) -> None:
+        """Count and log one monitor message (for owners that read the socket themselves, e.g. asyncio)."""
+        try:
+            event = parse_monitor_message(frames)
+            why = zmq.Event(event["value"]).name if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_AUTH else "ZAP"
+        except Exception:  # noqa: BLE001 - a monitor message we cannot parse is still a refusal
+            why = "unknown"
+        self.refused += 1
+        if self.refused % 1000 == 1:
+            log.warning("data plane: %s refused a connection in the handshake (%s; %d refused so far): "
+                        "a peer without this deployment's secret", self.what, why, self.refused)
+
+    def close(self) -> None:
+        try:
+            self._server.disable_monitor()
+        except zmq.ZMQError:  # the server socket is closed already
+            pass
+        self.socket.close(linger=0)
+
+
+_guards: dict[int, tuple[ThreadAuthenticator, _Gate]] = {}
+_guards_lock = threading.Lock()
+
+
+def guard(ctx: zmq.Context, secret: DataPlaneSecret) -> _Gate:
+    """Start (once per context) the ZAP handler that CURVE server sockets of `ctx` consult."""
+    with _guards_lock:
+        found = _guards.get(ctx.underlying)
+        if found is None:
+            # A plain shadow: the handler thread must not get asyncio sockets from an asyncio context.
+            auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying), log=logging.getLogger("raypd.zap"))
+            auth.start()
+            gate = _Gate()
+            auth.configure_curve_callback(domain=_ZAP_DOMAIN, credentials_provider=gate)
+            found = _guards[ctx.underlying] = (auth, gate)
+        found[1].public_keys.add(secret.public_key)
+        return found[1]
+
+
+def unguard(ctx: zmq.Context) -> None:
+    """Stop the context's ZAP handler; call before ctx.term() (the handler holds a socket of it)."""
+    with _guards_lock:
+        found = _guards.pop(ctx.underlying, None)
+    if found is not None:
+        found[0].stop()
+
+
+def refused(ctx: zmq.Context) -> int:
+    """Connections the context's ZAP handler refused so far (0 if unguarded)."""
+    found = _guards.get(ctx.underlying)
+    return 0 if found is None else found[1].refused

@@ -1,0 +1,251 @@
+"""The data plane admits only its own peers: every socket a stranger can reach (the bootstrap ROUTER,
+the tcp backend's data ROUTER, a driver's token PULL) is tried with real sockets that lack the
+deployment's secret, and must refuse them without changing anything. Insiders (holding the secret)
+are bounded too: orphan destinations, oversize messages, writes outside an open window."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from raypd.cluster.client.token_receiver import TokenReceiver
+from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
+from raypd.kvtransfer import TransferState as S
+from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client, refused
+from raypd.kvtransfer.tcp_backend import TcpBackend
+from raypd.node.streams import Reply, TokenStreams
+from raypd.protocol.messages import TokenChunk, pack_chunks
+from tests.kvtransfer.peer_proc import make_pool
+
+SECRET = DataPlaneSecret.generate()
+W = 10.0
+QUIET_MS = 500  # how long a refused socket is given to get an answer it must not get
+
+
+def config(**kw) -> TransferConfig:
+    return TransferConfig(**{"backend": "tcp", "secret": SECRET, "bootstrap_timeout_s": 5.0, "heartbeat_interval_s": 0.25,
+                             "heartbeat_timeout_s": 3.0, "max_message_bytes": 64 << 10, "max_orphans": 64, **kw})
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+@pytest.fixture
+def sender():
+    pool, aux = make_pool(1, 64, 8)
+    snd = KVSender(pool, aux, config())
+    snd.test_pool = pool  # type: ignore[attr-defined]  # the bytes its writes carry
+    yield snd
+    snd.close()
+
+
+def stranger(ctx: zmq.Context, kind: str, how: str, identity: bytes | None = None) -> zmq.Socket:
+    """A socket that does not hold SECRET: `plain` (no CURVE), `guess` (CURVE with its own secret),
+    `knows-server-key` (the server's public key but its own client key: only ZAP can stop it)."""
+    sock = ctx.socket(getattr(zmq, kind))
+    sock.setsockopt(zmq.LINGER, 0)
+    if identity is not None:
+        sock.setsockopt(zmq.ROUTING_ID, identity)
+    if how == "guess":
+        as_client(sock, DataPlaneSecret.generate())
+    elif how == "knows-server-key":
+        other = DataPlaneSecret.generate()
+        sock.setsockopt(zmq.CURVE_SERVERKEY, SECRET.public_key)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, other.public_key)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, other.secret_key)
+    return sock
+
+
+def test_the_secret_never_prints_and_survives_pickling():
+    s = DataPlaneSecret.from_text("  correct horse battery staple\n")
+    assert "horse" not in repr(s) and "horse" not in str(s) and "horse" not in repr(config(secret=s))
+    assert pickle.loads(pickle.dumps(s)) == s and s != DataPlaneSecret.generate()
+    assert s.public_key == DataPlaneSecret(b"correct horse battery staple").public_key
+    with pytest.raises(ValueError):
+        DataPlaneSecret(b"short")
+
+
+@pytest.mark.parametrize("how", ["plain", "guess", "knows-server-key"])
+def test_a_stranger_gets_nothing_from_the_bootstrap_and_changes_nothing(sender, ctx, how, caplog):
+    rcv_pool, rcv_aux = make_pool(2, 64, 8)
+    with KVReceiver(rcv_pool, rcv_aux, config()) as rcv:
+        # The impostor connects first, under the name the real receiver will use, and registers.
+        sock = stranger(ctx, "DEALER", how, identity=rcv.name.encode())
+        sock.connect(sender.bootstrap_address)
+        with caplog.at_level(logging.WARNING, logger="raypd.kvtransfer.data_plane_auth"):
+            sock.send(schema.encode(schema.Register(rcv.name, "tcp", rcv.backend.metadata())), zmq.NOBLOCK)
+            sock.send(schema.encode(schema.Destination(7, [1, 2], None)), zmq.NOBLOCK)
+            sock.send(schema.encode(schema.Ping(1)), zmq.NOBLOCK)
+            assert not sock.poll(QUIET_MS)  # no Registered, no Abort, no Pong: it never got in
+            time.sleep(0.1)  # the loop reads the handshake monitor on its next pass
+        assert sender.peers() == [] and not sender._orphans
+        # Refused in the handshake, counted and logged with the reason.
+        assert sender._server.watch.refused >= 1
+        assert any("refused a connection in the handshake" in r.getMessage() for r in caplog.records)
+        if how == "knows-server-key":  # the handshake reached ZAP, which refused it and said so
+            assert refused(sender._ctx) >= 1
+            assert any("does not hold this deployment's secret" in r.getMessage() for r in caplog.records)
+        # The real receiver still registers under its name and its KV arrives intact.
+        sender.add_room(11)
+        rcv.add_room(11, sender.bootstrap_address, [5, 6], 1)
+        assert sender.wait(11, S.WAITING_FOR_INPUT, W) == S.WAITING_FOR_INPUT
+        sender.send(11, [3, 4], 2)
+        assert rcv.wait(11, S.SUCCESS, W) == S.SUCCESS
+        assert np.array_equal(rcv_pool.numpy()[[5, 6]], sender.test_pool.numpy()[[3, 4]])  # type: ignore[attr-defined]
+        sock.close(0)
+
+
+def forged_piece(notif: bytes, off: int, n: int) -> list[bytes]:
+    return [msgpack.packb({"v": 2, "x": 1, "notif": notif, "off": off, "n": n}), b"\x7f" * n]
+
+
+@pytest.mark.parametrize("how", ["plain", "guess", "knows-server-key", "insider-without-window"])
+def test_forged_kv_pieces_change_no_byte_of_the_pool(sender, ctx, how):
+    rcv_pool, rcv_aux = make_pool(2, 64, 8)
+    with KVReceiver(rcv_pool, rcv_aux, config()) as rcv:
+        # A room is open and its window too: the forger even knows its notification.
+        sender.add_room(21)
+        rcv.add_room(21, sender.bootstrap_address, [5, 6], 1)
+        assert sender.wait(21, S.WAITING_FOR_INPUT, W) == S.WAITING_FOR_INPUT
+        before = rcv_pool.clone(), rcv_aux.clone()
+        if how == "insider-without-window":  # holds the secret, but no window names it as the writer
+            sock = as_client(ctx.socket(zmq.DEALER), SECRET)
+            sock.setsockopt(zmq.ROUTING_ID, b"someone-else")
+        else:
+            sock = stranger(ctx, "DEALER", how, identity=sender.name.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(rcv.backend.address)  # type: ignore[attr-defined]
+        bn = rcv.layout.block_nbytes
+        notif = schema.notification_for(21)
+        for off in (5 * bn, 0, 6 * bn):  # inside the room's blocks, and outside them
+            sock.send_multipart(forged_piece(notif, off, bn), zmq.NOBLOCK)
+        sock.send_multipart([msgpack.packb({"v": 2, "x": 1, "notif": notif, "end": True, "pieces": 3,
+                                            "aux_off": -1}), b""], zmq.NOBLOCK)
+        if how == "insider-without-window":  # an insider gets its refusal back
+            assert sock.poll(int(W * 1000)) and msgpack.unpackb(sock.recv())["ok"] is False
+        else:
+            assert not sock.poll(QUIET_MS)
+        time.sleep(0.2)  # let the receiver's loop read whatever it was going to read
+        assert rcv.poll(21) == S.WAITING_FOR_INPUT  # no notification was taken for the room
+        if how != "insider-without-window":
+            assert rcv.backend._watch.refused >= 1  # type: ignore[attr-defined]
+        assert np.array_equal(rcv_pool.numpy(), before[0].numpy()) and np.array_equal(rcv_aux.numpy(), before[1].numpy())
+        sock.close(0)
+        sender.abort(21)
+        assert rcv.wait(21, S.SUCCESS, W) == S.FAILED
+
+
+@pytest.mark.parametrize("how", ["plain", "guess", "knows-server-key"])
+def test_a_stranger_cannot_push_tokens_to_a_driver(ctx, how):
+    async def main():
+        rx = TokenReceiver("127.0.0.1", SECRET)
+        try:
+            stream = rx.open("r1")
+            bad = stranger(ctx, "PUSH", how)
+            bad.connect(rx.address)
+            bad.send(pack_chunks([TokenChunk("r1", (666,), finished=True)]), zmq.NOBLOCK)
+            await asyncio.sleep(QUIET_MS / 1000)
+            assert rx.num_messages == 0 and rx._watch.refused >= 1
+            good = TokenStreams(SECRET)  # a node of this deployment
+            assert good.open("r1", rx.address, Reply())
+            good.push(TokenChunk("r1", (1, 2), finished=True))
+            good.flush()
+            got = await stream._take(W)
+            good.close()
+            bad.close(0)
+            return got
+        finally:
+            rx.close()
+    got = asyncio.run(main())
+    assert [t for c in got for t in c.token_ids] == [1, 2]
+
+
+def test_a_flood_of_orphan_destinations_stays_bounded(sender, ctx):
+    # An insider with a well-formed registration sends destinations for rooms the sender never gets.
+    backend = TcpBackend(config(), "flooder")
+    pool, aux = make_pool(3, 64, 8)
+    backend.register(pool, aux)
+    sock = as_client(ctx.socket(zmq.DEALER), SECRET)
+    sock.setsockopt(zmq.ROUTING_ID, b"flooder")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sender.bootstrap_address)
+    try:
+        sock.send(schema.encode(schema.Register("flooder", "tcp", backend.metadata())))
+        assert sock.poll(int(W * 1000)) and schema.decode(sock.recv()).ok  # type: ignore[union-attr]
+        n = sender.config.max_orphans + 100
+        for room in range(1, n + 1):
+            sock.send(schema.encode(schema.Destination(room, [1], None)), zmq.NOBLOCK)
+        refusals = []
+        deadline = time.monotonic() + W
+        while len(refusals) < 100 and time.monotonic() < deadline:
+            if sock.poll(100):
+                msg = schema.decode(sock.recv())
+                if isinstance(msg, schema.Abort):
+                    refusals.append(msg.room)
+        assert len(refusals) == 100 and min(refusals) > sender.config.max_orphans
+        assert len(sender._orphans) == sender.config.max_orphans
+    finally:
+        sock.close(0)
+        backend.close()
+
+
+def test_an_oversize_message_is_dropped_and_the_endpoint_keeps_serving(sender, ctx):
+    sock = as_client(ctx.socket(zmq.DEALER), SECRET)
+    sock.setsockopt(zmq.ROUTING_ID, b"big-talker")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sender.bootstrap_address)
+    sock.send(schema.encode(schema.Ping(1)))
+    assert sock.poll(int(W * 1000)) and isinstance(schema.decode(sock.recv()), schema.Pong)
+    sock.send(b"\x00" * (sender.config.max_message_bytes + 1))  # ZMQ drops it (and the connection)
+    # Our code never saw it (it would answer a message it cannot decode with an Error); the socket
+    # may reconnect and get answers to what it sends next, as any peer would.
+    replies = []
+    while sock.poll(QUIET_MS):
+        replies.append(schema.decode(sock.recv()))
+    assert not any(isinstance(m, schema.Error) for m in replies), replies
+    assert sender._loop._thread.is_alive() and sender.peers() == []
+    sock.close(0)
+    rcv_pool, rcv_aux = make_pool(2, 64, 8)
+    with KVReceiver(rcv_pool, rcv_aux, config()) as rcv:
+        sender.add_room(31)
+        rcv.add_room(31, sender.bootstrap_address, [1], None)
+        sender.send(31, [2])
+        assert rcv.wait(31, S.SUCCESS, W) == S.SUCCESS
+
+
+def test_two_deployments_in_one_process_each_admit_only_their_own_nodes():
+    """Drivers share the process's ZMQ context (and so its ZAP handler): each still hears only the
+    nodes that hold its own secret."""
+    other = DataPlaneSecret.generate()
+
+    async def main():
+        a, b = TokenReceiver("127.0.0.1", SECRET), TokenReceiver("127.0.0.1", other)
+        node_a, node_b = TokenStreams(SECRET), TokenStreams(other)
+        try:
+            streams = {rx: rx.open("r") for rx in (a, b)}
+            # Each node pushes to both drivers; only its own deployment's driver may hear it.
+            for node, tok in ((node_a, 1), (node_b, 2)):
+                for rx in (a, b):
+                    assert node.open("r", rx.address, Reply())
+                    node.push(TokenChunk("r", (tok,), finished=True))
+                node.flush()
+            got = {rx: [t for c in await streams[rx]._take(W) for t in c.token_ids] for rx in (a, b)}
+            await asyncio.sleep(QUIET_MS / 1000)
+            return got[a], got[b], a.num_messages, b.num_messages
+        finally:
+            node_a.close()
+            node_b.close()
+            a.close()
+            b.close()
+    assert asyncio.run(main()) == ([1], [2], 1, 1)
