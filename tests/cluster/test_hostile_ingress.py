@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import signal
 import socket
 import threading
 import time
@@ -29,18 +28,9 @@ LONG = {"max_tokens": 2000, "ignore_eos": True}  # never finishes within the dea
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess.start(tmp_path_factory.mktemp("hostile") / "raypd-serve.log", "--no-dashboard",
-                              "--num-blocks", "256", "--request-timeout", str(TIMEOUT_S))
-    try:
-        srv.wait_ready()
-        srv.remember_descendants()
-    except BaseException:
-        srv.kill()
-        raise
-    try:
+    with ServerProcess.running(tmp_path_factory.mktemp("hostile") / "raypd-serve.log", "--no-dashboard",
+                               "--num-blocks", "256", "--request-timeout", str(TIMEOUT_S)) as srv:
         yield srv
-    finally:
-        srv.stop(signal.SIGINT)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ end; stopping checks that every process it started (Ray's included) is gone.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +70,23 @@ class ServerProcess:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "RAYPD_API_KEY": "", **(env or {})})
         return cls(port, log_path, proc, metrics_port=metrics_port)
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, log_path: Path, *args: str, **kw) -> Iterator[ServerProcess]:
+        """start() and wait until ready; then the caller's block. Stopped by signal (then by pid)
+        however it ends, also when it never got ready."""
+        srv = cls.start(log_path, *args, **kw)
+        try:
+            srv.wait_ready()
+            srv.remember_descendants()
+        except BaseException:
+            srv.kill()
+            raise
+        try:
+            yield srv
+        finally:
+            srv.stop(signal.SIGINT)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -176,17 +195,10 @@ def wait_nodes_idle(port: int, timeout_s: float = 30.0) -> list[dict]:
 @pytest.fixture(scope="package")
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "raypd-serve.log"
-    srv = ServerProcess.start(log_path, "--api-key", API_KEY, "--ingress-replicas", "2", "--no-dashboard",
-                              "--max-body-bytes", str(MAX_BODY_BYTES), "--default-max-tokens", str(DEFAULT_MAX_TOKENS),
-                              metrics_port=free_port_below_10002(), env=METRICS_ENV)
-    try:
-        srv.wait_ready()
-        srv.remember_descendants()
-    except BaseException:
-        srv.kill()
-        raise
-    yield srv
-    srv.stop(signal.SIGINT)
+    with ServerProcess.running(log_path, "--api-key", API_KEY, "--ingress-replicas", "2", "--no-dashboard",
+                               "--max-body-bytes", str(MAX_BODY_BYTES), "--default-max-tokens", str(DEFAULT_MAX_TOKENS),
+                               metrics_port=free_port_below_10002(), env=METRICS_ENV) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="package")

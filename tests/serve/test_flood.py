@@ -12,7 +12,6 @@ asserted, and the counts are printed).
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import pytest
 
@@ -31,17 +30,8 @@ REFUSALS = {"ingress_queue_full", "node_queue_full"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("flood") / "raypd-serve.log"
-    srv = ServerProcess.start(log_path, "--no-dashboard", "--num-blocks", "256", *BOUNDS)
-    try:
-        srv.wait_ready()
-        srv.remember_descendants()
-    except BaseException:
-        srv.kill()
-        raise
-    try:
+    with ServerProcess.running(log_path, "--no-dashboard", "--num-blocks", "256", *BOUNDS) as srv:
         yield srv
-    finally:
-        srv.stop(signal.SIGINT)
 
 
 async def one(client, i: int) -> tuple[str, object]:
