@@ -88,6 +88,14 @@ async def wait_queue(node, queue: str, n: int, timeout_s: float = WAIT_S) -> Non
         await asyncio.sleep(0.005)
 
 
+def stop_nodes(*nodes) -> None:
+    """Shut the nodes down, in order (a module fixture's teardown)."""
+    async def stop():
+        for node in nodes:
+            await node.shutdown()
+    asyncio.run(stop())
+
+
 async def assert_idle(*nodes, timeout_s: float = WAIT_S) -> None:
     """Every node's block accounting adds up (check_idle asserts it on the engine thread) and it holds
     nothing: check_idle() all zeros, no block held, every block free or evictable. Waits for endings

@@ -24,7 +24,18 @@ from raypd.node.mixed_node import MixedNode
 from raypd.prefill_node.prefill_node import PrefillNode
 from raypd.protocol.messages import OVERLOADED, HostInfo, TokenChunk
 from raypd.protocol.roles import Role
-from tests.node.pd import ENDLESS, GREEDY, PATIENT, WAIT_S, TokenSink, assert_idle, prompt, request, wait_queue
+from tests.node.pd import (
+    ENDLESS,
+    GREEDY,
+    PATIENT,
+    WAIT_S,
+    TokenSink,
+    assert_idle,
+    prompt,
+    request,
+    stop_nodes,
+    wait_queue,
+)
 
 BIG = 600  # tokens = 38 blocks: two do not fit in 64 (decode), one and a 3-block prompt not in 40 (prefill)
 
@@ -38,10 +49,7 @@ def nodes():
     try:
         yield prefill, decode
     finally:
-        async def stop():
-            await prefill.shutdown()
-            await decode.shutdown()
-        asyncio.run(stop())
+        stop_nodes(prefill, decode)
 
 
 @pytest.fixture(scope="module")

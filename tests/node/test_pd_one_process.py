@@ -26,6 +26,7 @@ from tests.node.pd import (
     assert_idle,
     prompt,
     request,
+    stop_nodes,
     wait_queue,
 )
 
@@ -41,10 +42,7 @@ def nodes():
     try:
         yield prefill, decode
     finally:
-        async def stop():
-            await prefill.shutdown()
-            await decode.shutdown()
-        asyncio.run(stop())
+        stop_nodes(prefill, decode)
 
 
 @pytest.fixture(scope="module")
