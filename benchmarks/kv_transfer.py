@@ -58,7 +58,7 @@ AUX_SLOTS, AUX_BYTES = 64, 64
 
 def bench_config(backend: str, secret: DataPlaneSecret, progress_thread: bool = False) -> TransferConfig:
     # Generous timeouts: a multi-GiB write on a loaded 2-core machine takes seconds.
-    return TransferConfig(backend=backend, nixl_ucx_devices="lo", nixl_progress_thread=progress_thread,
+    return TransferConfig(backend=backend, nixl_progress_thread=progress_thread,
                           bootstrap_timeout_s=60.0, transfer_timeout_s=300.0, heartbeat_interval_s=1.0,
                           heartbeat_timeout_s=60.0, secret=secret)
 

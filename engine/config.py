@@ -10,8 +10,11 @@ from raypd.engine.errors import ConfigError
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_size: int = 16
-    num_blocks: int | None = None  # None: as many as kv_cache_memory_mb holds (capped, see engine)
-    kv_cache_memory_mb: int = 1024
+    # KV pool size (engine/kv_memory.py): num_blocks when set; else kv_cache_memory_mb when set; else
+    # on CPU 1024 MB, and on CUDA what gpu_memory_utilization leaves after the weights and a peak batch.
+    num_blocks: int | None = None
+    kv_cache_memory_mb: int | None = None
+    gpu_memory_utilization: float = 0.9  # vLLM's meaning: share of the GPU's memory this engine may use
     chunked_prefill_size: int = 256  # <= 0 disables chunking
     max_num_batched_tokens: int = 512
     max_running_requests: int = 64
@@ -22,14 +25,19 @@ class EngineConfig:
     max_waiting_requests: int | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     enable_prefix_cache: bool = True
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "auto"  # "auto": cuda when available, else cpu
+    # engine/device.py: "auto" is float32 on CPU (the parity reference) and bfloat16 on CUDA.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = "auto"  # "auto": cuda when available, else cpu (a node actor passes the GPU Ray gave it)
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     # CPU fast paths: decode attention that reads KV blocks in place (native_attention.py, float32)
     # and projections on prepacked oneDNN weights (linear.py). "torch": plain torch ops only (any
     # device; the reference path). "native": require both, error if unavailable. "auto": each one
     # where it applies, else torch.
     cpu_kernels: Literal["auto", "native", "torch"] = "auto"
+    # Weight format of the projections and the LM head (engine/model/quantization.py). "int8": int8
+    # weights with one scale per output channel, activations in `dtype`; a CPU decode step streams a
+    # quarter of float32's bytes. Greedy tokens then differ from the float32 reference after a while.
+    quantization: Literal["none", "int8"] = "none"
     seed: int = 0  # draws the sampling seed of each request that brings none
     # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
     # each step, jumps back after a retraction). Lower admits more and risks retraction.
@@ -37,22 +45,28 @@ class EngineConfig:
     min_new_token_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_batched_tokens", "max_running_requests", "kv_cache_memory_mb"):
+        for name in ("block_size", "max_num_batched_tokens", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_memory_mb is not None and self.kv_cache_memory_mb < 1:
+            raise ConfigError(f"kv_cache_memory_mb must be >= 1, got {self.kv_cache_memory_mb}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ConfigError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ConfigError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
             raise ConfigError("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1, got "
                               f"{self.min_new_token_ratio} and {self.init_new_token_ratio}")
         if self.cpu_kernels not in ("auto", "native", "torch"):
             raise ConfigError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
+        if self.quantization not in ("none", "int8"):
+            raise ConfigError(f"quantization must be none or int8, got {self.quantization!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
 

@@ -12,14 +12,25 @@ from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.engine.cache.kv_cache import PagedKVCache
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.config import EngineConfig
+from raypd.engine.device import batch_defaults, configure_math, resolve_device, resolve_dtype
 from raypd.engine.errors import ConfigError, InvalidRequestError
+from raypd.engine.kv_memory import (
+    DEFAULT_CPU_KV_MB,
+    CudaMemory,
+    DeviceMemory,
+    MemoryReading,
+    PeakBatch,
+    blocks_for_bytes,
+    check_free_at_start,
+    gpu_kv_bytes,
+)
 from raypd.engine.model import native_attention
 from raypd.engine.model.config import ModelConfig
-from raypd.engine.model.linear import packing_unavailable
+from raypd.engine.model.linear import LinearFactory, choose_linears
 from raypd.engine.model.llama import LlamaModel
 from raypd.engine.model.native_attention import KernelUnavailable, NativeDecodeAttention
 from raypd.engine.model.source import resolve_model
-from raypd.engine.model.weights import build_weights, read_safetensors
+from raypd.engine.model.weights import load_weights
 from raypd.engine.model_runner import ModelRunner
 from raypd.engine.outputs import BlockAccounting, StepOutput
 from raypd.engine.request import Request, RequestStatus
@@ -30,9 +41,6 @@ from raypd.protocol.kv_events import KVEventCallback
 from raypd.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
@@ -46,23 +54,58 @@ class EngineLoad:
 
 
 class LLMEngine:
-    def __init__(self, model: str | None = None, on_kv_event: KVEventCallback | None = None, **options):
-        self.config = cfg = EngineConfig(**options)
+    def __init__(self, model: str | None = None, on_kv_event: KVEventCallback | None = None,
+                 device_memory: DeviceMemory | None = None, **options):
+        """device_memory: what sizes the KV pool by gpu_memory_utilization (CUDA's own by default on
+        a GPU; tests pass fixed readings to run that sizing on the CPU)."""
+        self.device = resolve_device(options.get("device", "auto"))
+        # The caller's options win over the device kind's batch sizes (engine/device.py).
+        self.config = cfg = EngineConfig(**(batch_defaults(self.device) | options))
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
-        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if cfg.device == "auto" else cfg.device))
-        dtype = _DTYPES[cfg.dtype]
+        configure_math(self.device)
+        self.dtype = dtype = resolve_dtype(cfg.dtype, self.device)
+        if device_memory is None and self.device.type == "cuda":
+            device_memory = CudaMemory(self.device)
+        by_utilization = cfg.num_blocks is None and cfg.kv_cache_memory_mb is None and device_memory is not None
+        if by_utilization:
+            assert device_memory is not None
+            device_memory.reset_peak()
+            at_start = device_memory.read()
+            check_free_at_start(at_start, cfg.gpu_memory_utilization)
         self.model_dir = resolve_model(model)
         self.model_config = mc = ModelConfig.from_folder(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
-        weights = build_weights(mc, read_safetensors(self.model_dir), dtype, self.device)
-        self.model = LlamaModel(mc, weights, self.device, dtype, packed_linears=self._use_packed_linears(cfg, dtype))
+        weights = load_weights(mc, self.model_dir, dtype, self.device)
+        self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype))
         del weights  # the model keeps what it uses (packed copies replace the projections)
+        self.sampler = Sampler(self.device, cfg.seed)
+        self.requests: dict[str, Request] = {}
+        self.reservations: dict[object, list[int]] = {}  # PD decode: blocks waiting for a transfer
+        self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)
+        self._left_waiting = 0     # requests the last step's schedule did not admit
+        self._ids = itertools.count()
 
-        self.num_blocks = cfg.num_blocks or self._blocks_for_memory(mc, dtype)
-        self.kv_cache = PagedKVCache(mc, self.num_blocks, cfg.block_size, dtype, self.device)
-        self.allocator = BlockAllocator(self.num_blocks)
+        per_block = PagedKVCache.bytes_per_block(mc, cfg.block_size, dtype)
+        if cfg.num_blocks is not None:
+            self.num_blocks = cfg.num_blocks
+        elif by_utilization:
+            assert device_memory is not None
+            self.num_blocks = blocks_for_bytes(
+                gpu_kv_bytes(at_start, self._profile_peak_batch(device_memory), cfg.gpu_memory_utilization),
+                per_block, f"--gpu-memory-utilization {cfg.gpu_memory_utilization}")
+        else:
+            mb = DEFAULT_CPU_KV_MB if cfg.kv_cache_memory_mb is None else cfg.kv_cache_memory_mb
+            self.num_blocks = blocks_for_bytes(mb * 2**20, per_block, f"kv_cache_memory_mb={mb}")
+        self._build_pool(self.num_blocks, on_kv_event)
+        log.info("engine on %s in %s: %d KV blocks of %d tokens (%.0f MiB)", self.device, str(dtype).removeprefix("torch."),
+                 self.num_blocks, cfg.block_size, self.num_blocks * per_block / 2**20)
+
+    def _build_pool(self, num_blocks: int, on_kv_event: KVEventCallback | None) -> None:
+        """The KV pool and everything that indexes it: allocator, prefix cache, scheduler, runner."""
+        cfg, mc = self.config, self.model_config
+        self.kv_cache = PagedKVCache(mc, num_blocks, cfg.block_size, self.dtype, self.device)
+        self.allocator = BlockAllocator(num_blocks)
         self.prefix_cache = RadixCache(self.allocator, cfg.block_size, on_kv_event)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=cfg.block_size, max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -70,22 +113,36 @@ class LLMEngine:
             schedule_policy=cfg.schedule_policy, enable_prefix_cache=cfg.enable_prefix_cache,
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
-        self.sampler = Sampler(self.device, cfg.seed)
         self.decode_kernel = self._decode_kernel(cfg, mc)
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device, self.decode_kernel)
-        self.requests: dict[str, Request] = {}
-        self.reservations: dict[object, list[int]] = {}  # PD decode: blocks waiting for a transfer
-        self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)
-        self._left_waiting = 0     # requests the last step's schedule did not admit
-        self._ids = itertools.count()
 
-    def _use_packed_linears(self, cfg: EngineConfig, dtype: torch.dtype) -> bool:
-        if cfg.cpu_kernels == "torch":
-            return False
-        why_not = packing_unavailable(self.device, dtype)
-        if why_not is not None:
-            self._fall_back(cfg, "packed linears", "projections through F.linear", why_not)
-        return why_not is None
+    def _profile_peak_batch(self, memory: DeviceMemory) -> MemoryReading:
+        """Run the largest step this engine will take (engine/kv_memory.py, PeakBatch) on a pool just
+        big enough for it, and read the device's memory at its peak. The pool emits no KV events
+        (nothing of it is cached afterwards) and is dropped before the real one is made."""
+        cfg, mc = self.config, self.model_config
+        batch = PeakBatch.for_limits(cfg.max_num_batched_tokens, cfg.max_running_requests, mc.max_position_embeddings)
+        self.num_blocks = batch.blocks_needed(cfg.block_size)
+        self._build_pool(self.num_blocks, None)
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        start = 0
+        for i, n in enumerate(batch.prompt_lengths):  # distinct tokens: no prefix is shared
+            self.add_request([(start + j) % mc.vocab_size for j in range(n)], params, f"profile-{i}")
+            start += n
+        while self.has_unfinished():
+            self.step()
+        reading = memory.read()
+        for rid in list(self.requests):
+            self.abort(rid)
+        del self.kv_cache, self.allocator, self.prefix_cache, self.scheduler, self.runner, self.decode_kernel
+        return reading
+
+    def _linears(self, cfg: EngineConfig, dtype: torch.dtype) -> LinearFactory:
+        choice = choose_linears(self.device, dtype, cfg.quantization, cfg.cpu_kernels != "torch",
+                                cfg.num_threads or torch.get_num_threads())
+        if choice.fallback is not None:
+            self._fall_back(cfg, "the fast projections", choice.factory.describe(), choice.fallback)
+        return choice.factory
 
     def _decode_kernel(self, cfg: EngineConfig, mc: ModelConfig) -> NativeDecodeAttention | None:
         if cfg.cpu_kernels == "torch":
@@ -105,13 +162,6 @@ class LLMEngine:
         if cfg.cpu_kernels == "native":
             raise ConfigError(f"cpu_kernels='native': {part} unavailable: {why_not}")
         log.info("%s: %s", instead, why_not)
-
-    def _blocks_for_memory(self, mc: ModelConfig, dtype: torch.dtype) -> int:
-        per_block = PagedKVCache.bytes_per_block(mc, self.config.block_size, dtype)
-        n = self.config.kv_cache_memory_mb * 2**20 // per_block
-        if n < 1:
-            raise ConfigError(f"kv_cache_memory_mb={self.config.kv_cache_memory_mb} holds no {per_block}-byte block")
-        return int(n)
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams,

@@ -22,6 +22,7 @@ from raypd.kvtransfer.errors import (
                              PeerError,
                              RoomError,
                              SchemaError,
+                             TransferConfigError,
                              TransferError,
 )
 from raypd.kvtransfer.layout import PoolLayout
@@ -31,6 +32,6 @@ from raypd.kvtransfer.sender import KVSender
 __all__ = [
     "BackendUnavailableError", "BlockIdError", "EndpointStats", "KVReceiver", "KVSender", "KVTransferError",
     "LayoutError", "Notification", "PeerDisconnectedError", "PeerError", "PeerInfo", "PoolLayout", "RoomError",
-    "SchemaError", "TransferBackend", "TransferConfig", "TransferError", "TransferState", "XferId",
-    "backend_names", "create_backend", "register_backend",
+    "SchemaError", "TransferBackend", "TransferConfig", "TransferConfigError", "TransferError", "TransferState",
+    "XferId", "backend_names", "create_backend", "register_backend",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
+from raypd.kvtransfer.errors import TransferConfigError
+from raypd.kvtransfer.nixl_params import NIXL_BACKENDS, NicMap
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,12 @@ class TransferConfig:
     # NIXL's own progress thread costs ~8 ms per notification (it sleeps in poll() >= 1 ms); without
     # it our endpoint thread drives UCX (see nixl_backend.py).
     nixl_progress_thread: bool = False
-    # UCX network devices, e.g. "lo" to keep tests on loopback or "mlx5_0:1" in production; "" = UCX default.
-    nixl_ucx_devices: str = ""
+    # The NIXL plugin that moves the bytes: "UCX" (InfiniBand/RoCE verbs, cuda_ipc, CMA, TCP) or
+    # "LIBFABRIC" (AWS EFA, HPE Slingshot; needs libfabric on the host). See nixl_params.py.
+    nixl_backend: str = "UCX"
+    # UCX only: the RDMA devices per GPU, e.g. "mlx5_0" for every node or "0=mlx5_0,1=mlx5_1,*=mlx5_0"
+    # (format in nixl_params.py); "" = every device UCX finds.
+    nixl_devices: str = ""
     # tcp backend: bytes per data message (a run of blocks is split into pieces of at most this).
     tcp_chunk_bytes: int = 4 << 20
     # Largest bootstrap message accepted; a bigger one is dropped by ZMQ before it is decoded.
@@ -47,17 +53,24 @@ class TransferConfig:
         for name in ("bootstrap_timeout_s", "wait_timeout_s", "transfer_timeout_s", "heartbeat_interval_s",
                      "heartbeat_timeout_s", "busy_poll_s", "idle_poll_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+                raise TransferConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
-            raise ValueError("heartbeat_timeout_s must exceed heartbeat_interval_s")
+            raise TransferConfigError("heartbeat_timeout_s must exceed heartbeat_interval_s")
         if not 0 <= self.bootstrap_port < 65536:
-            raise ValueError(f"bootstrap_port out of range: {self.bootstrap_port}")
+            raise TransferConfigError(f"bootstrap_port out of range: {self.bootstrap_port}")
         if self.tcp_chunk_bytes < 4096 or self.max_message_bytes < 4096:
-            raise ValueError("tcp_chunk_bytes and max_message_bytes must be >= 4096")
+            raise TransferConfigError("tcp_chunk_bytes and max_message_bytes must be >= 4096")
         if self.max_orphans < 1 or self.max_peers < 1:
-            raise ValueError("max_orphans and max_peers must be >= 1")
+            raise TransferConfigError("max_orphans and max_peers must be >= 1")
         if not isinstance(self.secret, DataPlaneSecret):
             raise TypeError(f"secret must be a DataPlaneSecret, got {type(self.secret).__name__}")
+        if self.nixl_backend not in NIXL_BACKENDS:
+            raise TransferConfigError(
+                f"nixl_backend must be one of {', '.join(NIXL_BACKENDS)}, got {self.nixl_backend!r}")
+        NicMap.parse(self.nixl_devices)  # raises on a malformed map
+        if self.nixl_backend == "LIBFABRIC" and self.nixl_devices.strip():
+            raise TransferConfigError("nixl_devices applies to UCX only: LIBFABRIC picks the devices for each GPU "
+                                      "from the PCIe topology itself; leave nixl_devices empty")
 
     def with_(self, **changes) -> TransferConfig:
         return replace(self, **changes)

@@ -10,6 +10,10 @@ class BackendUnavailableError(KVTransferError):
     """The named backend is unknown, or its library (e.g. nixl) is not installed on this machine."""
 
 
+class TransferConfigError(KVTransferError, ValueError):
+    """A TransferConfig option out of range or inconsistent (an unknown NIXL backend, a bad device map)."""
+
+
 class LayoutError(KVTransferError, ValueError):
     """A pool or aux tensor cannot be registered, or two endpoints' layouts do not match."""
 

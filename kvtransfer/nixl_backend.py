@@ -1,5 +1,10 @@
-"""NixlBackend: one-sided WRITEs through NIXL (UCX): CMA between processes on one CPU host, cuda_ipc or
-RDMA for VRAM on GPU hosts; the same code registers either, by the tensors' device.
+"""NixlBackend: one-sided WRITEs through NIXL (UCX or LIBFABRIC): CMA between processes on one CPU host,
+cuda_ipc or RDMA for VRAM on GPU hosts; the same code registers either, by the tensors' device.
+
+Backend. TransferConfig.nixl_backend picks the NIXL plugin: UCX (the default) or LIBFABRIC (AWS EFA);
+everything below was measured with UCX.
+The agent is made at register(), not before: the pool's device is what picks the UCX devices from
+the nixl_devices map (nixl_params.py), so each GPU's node uses the NICs next to its GPU.
 
 Descriptor tables. Each side's table is prepped once (local at register(), remote at add_peer()) as
 two strided rows, so index i < num_blocks is block i and num_blocks + s is aux slot s:
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +59,7 @@ from raypd.kvtransfer.errors import (
     TransferError,
 )
 from raypd.kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.nixl_params import NicMap, machine_gpu_index, rdma_devices, ucx_params
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +107,10 @@ class NixlBackend(TransferBackend):
         super().__init__(config, endpoint_name)
         nixl_agent, nixl_agent_config, bindings = _load_nixl()
         self._disconnect_error = bindings.nixlRemoteDisconnectError
+        self._not_found_error = bindings.nixlNotFoundError
         self._nixl_classes = (nixl_agent, nixl_agent_config)
-        self.agent = self._new_agent(endpoint_name)
+        self._devices: tuple[str, ...] = ()  # UCX devices for the pool's GPU, chosen at register()
+        self.agent: Any = None  # made at register(), once the pool's device is known
         self._notifier: Any = None  # the agent that sends notifications; see the module docstring
         self._regs: list[Any] = []
         self._local: Any = None
@@ -113,17 +122,49 @@ class NixlBackend(TransferBackend):
         nixl_agent, nixl_agent_config = self._nixl_classes
         agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=self.config.nixl_progress_thread, backends=[],
                                                    capture_telemetry=False))
-        params = dict(agent.get_plugin_params("UCX"))
-        if self.config.nixl_ucx_devices:
-            params["ucx_devices"] = self.config.nixl_ucx_devices
+        backend = self.config.nixl_backend
+        # LIBFABRIC: its plugin's defaults (it takes no devices; nixl_params.py). Not get_plugin_params:
+        # for a plugin that does not load, that logs a traceback before create_backend says why.
+        params = ucx_params(agent.get_plugin_params("UCX"), self._devices) if backend == "UCX" else {}
         try:
-            agent.create_backend("UCX", params)
+            agent.create_backend(backend, params)
         except Exception as e:
-            raise BackendUnavailableError(f"NIXL could not create its UCX backend: {e}") from e
+            raise BackendUnavailableError(self._creation_failure(backend, e)) from e
         return agent
+
+    def _creation_failure(self, backend: str, e: Exception) -> str:
+        why = f"NIXL could not create its {backend} backend ({type(e).__name__}: {e})"
+        if isinstance(e, self._not_found_error):  # createBackend: "unsupported backend"
+            why += f": its {backend} plugin does not load on this machine"
+            if backend == "LIBFABRIC":
+                why += " (it needs libfabric >= 1.21, hwloc and the CUDA driver libcuda.so.1); use UCX or install them"
+        elif self._devices:
+            why += f"; check the devices {', '.join(self._devices)} (ibv_devices, UCX_LOG_LEVEL=warn)"
+        return why
+
+    def _choose_devices(self, device: torch.device) -> tuple[str, ...]:
+        """The UCX devices of the GPU `device` is on, from the nixl_devices map; each must exist here."""
+        nics = NicMap.parse(self.config.nixl_devices)
+        gpu = machine_gpu_index(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        chosen = nics.devices_for(gpu)
+        if nics.per_gpu and device.type == "cuda" and gpu not in nics.per_gpu:
+            log.warning("nixl: no entry for GPU %s (%s) in nixl_devices %r; using %s", gpu, device,
+                        self.config.nixl_devices, ", ".join(chosen) or "every device UCX finds")
+        present = rdma_devices()
+        missing = [d for d in chosen if d not in present]
+        if missing:
+            raise BackendUnavailableError(
+                f"nixl_devices {self.config.nixl_devices!r} names {', '.join(missing)} for {device}, which this "
+                f"machine does not have; its RDMA devices: {', '.join(present) or 'none'}")
+        if chosen:
+            log.info("nixl: %s on %s (GPU %s) uses %s", self.endpoint_name, device, gpu, ", ".join(chosen))
+        return chosen
 
     def register(self, pool: torch.Tensor, aux: torch.Tensor) -> PoolLayout:
         self.layout = PoolLayout.from_tensors(pool, aux)
+        if self.config.nixl_backend == "UCX":
+            self._devices = self._choose_devices(pool.device)
+        self.agent = self._new_agent(self.endpoint_name)
         self._regs = [self.agent.register_memory(pool), self.agent.register_memory(aux)]
         self._local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", _strided_table(self.layout), self.layout.mem_type)
         return self.layout

@@ -32,6 +32,7 @@ from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.node.conductor_link import ConductorLink, LinkedNode
 from raypd.node.engine_loop import EngineLoop, NodeCrashedError
+from raypd.node.gpu_assignment import GpuAssignment, node_device
 from raypd.node.host import host_info
 from raypd.node.node_metrics import NodeMetrics
 from raypd.node.streams import Reply, TokenStreams
@@ -55,6 +56,7 @@ class NodeCore:
         options = dict(engine_options or {})
         # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
         options.setdefault("num_threads", max(1, int(num_cpus)))
+        options["device"] = node_device(options.get("device", "auto"), GpuAssignment.of_this_actor(), name)
         self.name = name
         self.role = role
         self._kv_events: deque[KVEvent] = deque()

@@ -9,31 +9,41 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """Add the group to `parser` and return it (a command may add flags of its own to it)."""
     e = parser.add_argument_group("engine")
     e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--num-blocks", type=int, default=None, help="KV blocks per engine (default: from memory)")
-    e.add_argument("--chunked-prefill-size", type=int, default=256, help="<= 0 disables chunking")
-    e.add_argument("--max-num-batched-tokens", type=int, default=512)
-    e.add_argument("--max-running-requests", type=int, default=64)
+    e.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks per engine (default: from --kv-cache-memory or --gpu-memory-utilization)")
+    e.add_argument("--kv-cache-memory", type=int, default=None, metavar="MB", dest="kv_cache_memory_mb",
+                   help="KV pool size per engine in MiB (default on CPU: 1024; on a GPU: from --gpu-memory-utilization)")
+    e.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
+                   help="share of the GPU's memory one engine uses for weights, its peak batch and the KV pool "
+                        "(default 0.9; vLLM's meaning)")
+    # Batch sizes default by device kind (engine/device.py): CPU 256 / 512 / 64, CUDA 2048 / 8192 / 256.
+    e.add_argument("--chunked-prefill-size", type=int, default=None, help="<= 0 disables chunking (default: by device)")
+    e.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: by device)")
+    e.add_argument("--max-running-requests", type=int, default=None, help="(default: by device)")
     e.add_argument("--max-waiting-requests", type=int, default=None,
                    help="per node: requests waiting to run beyond which it refuses new ones at once "
                         "(HTTP 429); default: --max-running-requests")
     e.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs")
     e.add_argument("--no-prefix-cache", action="store_true")
-    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    e.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="auto: float32 on CPU, bfloat16 on CUDA")
     e.add_argument("--device", default="auto")
     e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
                    help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
+    e.add_argument("--quantization", choices=["none", "int8"], default="none",
+                   help="int8: weight-only int8 projections (per-channel scales), activations in --dtype")
     return e
 
 
 def engine_options(args: argparse.Namespace) -> dict:
     """EngineConfig options from the group's flags. Torch threads are not among them: a node actor
     takes its own from its Ray CPUs (--cpus-per-node)."""
-    options = dict(block_size=args.block_size, chunked_prefill_size=args.chunked_prefill_size,
-                   max_num_batched_tokens=args.max_num_batched_tokens, max_running_requests=args.max_running_requests,
-                   schedule_policy=args.schedule_policy, enable_prefix_cache=not args.no_prefix_cache,
-                   dtype=args.dtype, device=args.device, cpu_kernels=args.cpu_kernels)
-    if args.num_blocks is not None:
-        options["num_blocks"] = args.num_blocks
-    if args.max_waiting_requests is not None:
-        options["max_waiting_requests"] = args.max_waiting_requests
+    options = dict(block_size=args.block_size, schedule_policy=args.schedule_policy,
+                   enable_prefix_cache=not args.no_prefix_cache, dtype=args.dtype, device=args.device,
+                   cpu_kernels=args.cpu_kernels, quantization=args.quantization)
+    # Unset: EngineConfig's default, or the device kind's for the batch sizes.
+    for name in ("num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
+                 "max_num_batched_tokens", "max_running_requests", "max_waiting_requests"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     return options

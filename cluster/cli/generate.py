@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from raypd.cluster.cli.engine_args import add_engine_args, engine_options
+from raypd.cluster.cli.transfer_args import add_transfer_args
 
 
 def add_generate_parser(sub) -> None:
@@ -33,13 +34,14 @@ def add_generate_parser(sub) -> None:
     c.add_argument("--mixed-nodes", type=int, default=1)
     c.add_argument("--address", help="join this Ray cluster instead of starting a local one")
     c.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
-    c.add_argument("--gpus-per-node", type=float, default=0.0)
+    c.add_argument("--gpus-per-node", type=float, default=None,
+                   help="GPUs per node actor, at most 1 (no tensor parallelism); default: 1 where Ray reports GPUs, else 0")
     c.add_argument("--policy", default="cost",
                    help="the Conductor's routing policy (round_robin, least_loaded, cache_aware, cost); "
                         "none = no Conductor, the driver's round-robin")
     c.add_argument("--place-by-role", action="store_true",
                    help="put each node actor on a Ray node labelled raypd.io/role=<its role>")
-    c.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
+    add_transfer_args(c)
     c.add_argument("--decode-num-blocks", type=int, default=None, help="KV blocks on decode nodes (default --num-blocks)")
     c.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one token")
     e = add_engine_args(p)

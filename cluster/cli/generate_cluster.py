@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from raypd.cluster.cli.engine_args import engine_options
+from raypd.cluster.cli.transfer_args import transfer_options
 from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import Router
@@ -34,7 +35,7 @@ def spec_from_args(args) -> ClusterSpec:
     else:
         counts = dict(mixed_nodes=args.mixed_nodes)
     return ClusterSpec(model=args.model, engine_options=engine_options(args), role_engine_options=role_options,
-                       transfer_options={"backend": args.transfer_backend}, cpus_per_node=args.cpus_per_node,
+                       transfer_options=transfer_options(args), cpus_per_node=args.cpus_per_node,
                        gpus_per_node=args.gpus_per_node, place_by_role=args.place_by_role,
                        policy=None if args.policy == "none" else args.policy, **counts)
 

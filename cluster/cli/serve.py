@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from raypd.cluster.cli.engine_args import add_engine_args, engine_options
+from raypd.cluster.cli.transfer_args import add_transfer_args, transfer_options
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.ray_init import init_ray, reason
 
@@ -45,7 +46,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--prefill-nodes", type=int, default=None, help="default 1 (0 with --mixed-nodes)")
     p.add_argument("--decode-nodes", type=int, default=None, help="default 1 (0 with --mixed-nodes)")
     p.add_argument("--mixed-nodes", type=int, default=0, help="colocated prefill+decode nodes instead of PD")
-    p.add_argument("--gpus-per-node", type=float, default=0.0)
+    p.add_argument("--gpus-per-node", type=float, default=None,
+                   help="GPUs per node actor, at most 1 (no tensor parallelism); default: 1 where Ray reports GPUs, else 0")
     p.add_argument("--cpus-per-node", type=float, default=1.0, help="Ray CPUs per node actor (= torch threads)")
     p.add_argument("--place-by-role", action="store_true",
                    help="put each node actor on a Ray node labelled raypd.io/role=<its role> (cluster.yaml, Helm)")
@@ -65,7 +67,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard (local Ray only)")
     p.add_argument("--metrics-export-port", type=int, default=None,
                    help="Ray's Prometheus endpoint port, e.g. 8080: not in 10002-19999 (local Ray only)")
-    p.add_argument("--transfer-backend", choices=["nixl", "tcp"], default="nixl")
+    add_transfer_args(p)
     p.add_argument("--max-node-restarts", type=int, default=10,
                    help="Ray restarts a node actor that died up to this many times (default 10; 0: never)")
     p.add_argument("--retry-limit", type=int, default=3,
@@ -93,7 +95,7 @@ def config_from_args(args):
         prefill_nodes=pd_default if args.prefill_nodes is None else args.prefill_nodes,
         decode_nodes=pd_default if args.decode_nodes is None else args.decode_nodes,
         mixed_nodes=args.mixed_nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
-        place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options={"backend": args.transfer_backend}, policy=args.policy,
+        place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options=transfer_options(args), policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
         request_timeout_s=args.request_timeout,

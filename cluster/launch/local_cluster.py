@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.launch.gpu_budget import check_gpus_per_node, gpus_per_node
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import ConductorConfig
@@ -48,7 +49,8 @@ class ClusterSpec:
     role_engine_options: dict = field(default_factory=dict)
     transfer_options: dict = field(default_factory=dict)
     cpus_per_node: float = 1.0
-    gpus_per_node: float = 0.0
+    # GPUs each node actor asks Ray for (0 < g <= 1; gpu_budget.py); None: 1 where the Ray cluster has GPUs, else 0.
+    gpus_per_node: float | None = None
     prealloc_timeout_s: float | None = None  # decode: wait for KV memory; None = the bootstrap timeout
     start_timeout_s: float = 300.0
     # Place each node actor only on Ray nodes labelled raypd.io/role=<its role> (GPU clusters whose
@@ -76,8 +78,9 @@ class ClusterSpec:
             raise ValueError("node counts must be >= 0")
         if (self.prefill_nodes > 0) != (self.decode_nodes > 0):
             raise ValueError("PD mode needs at least one prefill node and one decode node")
-        if self.cpus_per_node <= 0 or self.gpus_per_node < 0:
-            raise ValueError("cpus_per_node must be > 0 and gpus_per_node >= 0")
+        if self.cpus_per_node <= 0:
+            raise ValueError("cpus_per_node must be > 0")
+        check_gpus_per_node(self.gpus_per_node)
         if self.max_node_restarts < 0:
             raise ValueError("max_node_restarts must be >= 0")
 
@@ -98,6 +101,7 @@ class NodeCluster:
         """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel."""
         started_ray = init_ray(address, spec.cpus_per_node * len(spec.roles()), num_cpus=spec.ray_cpus,
                                local_options={"include_dashboard": False}, log_to_driver=False).started
+        spec = replace(spec, gpus_per_node=gpus_per_node(spec.gpus_per_node, ray.cluster_resources().get("GPU", 0)))
         cluster = cls(spec, started_ray)
         try:
             if spec.policy is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from raypd.cluster.launch.gpu_budget import GpuBudgetError, check_gpus_per_node
 from raypd.cluster.launch.local_cluster import ClusterSpec
+from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import SECRET_ENV, DataPlaneSecret, data_plane_secret_from_env
 
 
@@ -25,7 +27,7 @@ class ServeConfig:
     decode_nodes: int = 1
     mixed_nodes: int = 0
     cpus_per_node: float = 1.0
-    gpus_per_node: float = 0.0
+    gpus_per_node: float | None = None    # None: 1 where the Ray cluster has GPUs, else 0 (gpu_budget.py)
     place_by_role: bool = False           # node actors only on Ray nodes labelled raypd.io/role=<role>
     engine_options: dict = field(default_factory=dict)
     transfer_options: dict = field(default_factory=dict)
@@ -84,8 +86,12 @@ class ServeConfig:
             raise ServeConfigError(f"unknown policy {self.policy!r}; one of {', '.join(sorted(POLICIES))}")
         if self.topology is not None and not Path(self.topology).is_file():
             raise ServeConfigError(f"topology file not found: {self.topology}")
-        if self.cpus_per_node <= 0 or self.gpus_per_node < 0 or self.ingress_cpus < 0:
-            raise ServeConfigError("--cpus-per-node must be > 0, --gpus-per-node and ingress cpus >= 0")
+        if self.cpus_per_node <= 0 or self.ingress_cpus < 0:
+            raise ServeConfigError("--cpus-per-node must be > 0 and ingress cpus >= 0")
+        try:
+            check_gpus_per_node(self.gpus_per_node)
+        except GpuBudgetError as e:
+            raise ServeConfigError(str(e)) from None
         if self.ingress_replicas < 1:
             raise ServeConfigError("ingress_replicas must be >= 1")
         if self.max_body_bytes < 1024:
@@ -109,6 +115,10 @@ class ServeConfig:
         if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
             raise ServeConfigError("--ttft-slo must be > 0 seconds")
         self.admission_limits()  # the engine options it reads are valid
+        try:  # every node actor makes its TransferConfig from these: a bad one fails here, once
+            TransferConfig(**self.transfer_options)
+        except (TypeError, ValueError) as e:
+            raise ServeConfigError(f"transfer options: {e}") from None
 
     @classmethod
     def from_args(cls, args: dict) -> ServeConfig:

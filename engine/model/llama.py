@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from raypd.engine.cache.kv_cache import PagedKVCache
 from raypd.engine.model.attention import AttentionMetadata, paged_attention
 from raypd.engine.model.config import ModelConfig
-from raypd.engine.model.linear import Linear
+from raypd.engine.model.linear import TORCH_LINEARS, Linear, LinearFactory
 from raypd.engine.model.rope import RotaryTable, apply_rotary
 
 
@@ -27,6 +27,8 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
     down: torch.Tensor
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3)
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -52,20 +54,27 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: Linear
     down: Linear
+    qk_norm: torch.Tensor | None  # q_norm's and k_norm's weights stacked per head: [H + KVH, head_dim]
+
+
+def _stacked_qk_norm(lw: LayerWeights, cfg: ModelConfig) -> torch.Tensor | None:
+    if lw.q_norm is None or lw.k_norm is None:
+        return None
+    return torch.cat([lw.q_norm.expand(cfg.num_heads, -1), lw.k_norm.expand(cfg.num_kv_heads, -1)]).contiguous()
 
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, device: torch.device, dtype: torch.dtype,
-                 packed_linears: bool = False):
-        """packed_linears: run projections through oneDNN with prepacked weights (linear.py); the
-        unpacked copies are not kept."""
+                 linears: LinearFactory = TORCH_LINEARS):
+        """linears: how projections are built (linear.py: F.linear, oneDNN-packed, bf16 or int8 weights
+        through the C kernel); a packed or quantized copy replaces the weight it was made from."""
         self.cfg = cfg
         self.embed = weights.embed
         self.norm = weights.norm
-        self.layers = [_Layer(lw.input_norm, Linear(lw.qkv, lw.qkv_bias, packed_linears), Linear(lw.o, None, packed_linears),
-                              lw.post_norm, Linear(lw.gate_up, None, packed_linears), Linear(lw.down, None, packed_linears))
+        self.layers = [_Layer(lw.input_norm, linears(lw.qkv, lw.qkv_bias), linears(lw.o, None),
+                              lw.post_norm, linears(lw.gate_up, None), linears(lw.down, None), _stacked_qk_norm(lw, cfg))
                        for lw in weights.layers]
-        self.lm_head = Linear(weights.lm_head, None, packed_linears)
+        self.lm_head = linears(weights.lm_head, None)
         self.rope = RotaryTable(cfg, device, dtype)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -79,9 +88,11 @@ class LlamaModel:
         for i, lw in enumerate(self.layers):
             x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
             qkv = lw.qkv(x)
-            # Rotate q and k heads in one pass, then split.
-            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(-1, heads + cfg.num_kv_heads, cfg.head_dim),
-                              cos, sin)
+            # Normalise (Qwen3) and rotate q and k heads in one pass, then split.
+            qk = qkv[:, :self.q_size + self.kv_size].view(-1, heads + cfg.num_kv_heads, cfg.head_dim)
+            if lw.qk_norm is not None:
+                qk = rms_norm(qk, lw.qk_norm, cfg.rms_norm_eps)
+            qk = apply_rotary(qk, cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
             a = paged_attention(i, q, k, v, kv, meta)

@@ -16,7 +16,7 @@ from raypd.protocol.messages import TokenChunk, unpack_chunks
 from raypd.protocol.sampling_params import SamplingParams
 
 # Short timeouts so failure tests end quickly; the nodes must still finish every request in time.
-FAST_TRANSFER = {"backend": "nixl", "nixl_ucx_devices": "lo", "bootstrap_timeout_s": 60.0, "wait_timeout_s": 60.0,
+FAST_TRANSFER = {"backend": "nixl", "bootstrap_timeout_s": 60.0, "wait_timeout_s": 60.0,
                  "transfer_timeout_s": 8.0, "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 3.0}
 
 

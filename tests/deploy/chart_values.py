@@ -5,7 +5,7 @@ from __future__ import annotations
 BIG = {
     "fullnameOverride": "llm-prod",
     "image": {"repository": "registry.example.com/raypd", "tag": "1.2.3"},
-    "gpusPerNode": 2,
+    "gpusPerNode": 1,
     "serve": {"policy": "cache_aware", "extraArgs": {"served_model_name": "qwen", "ingress_replicas": 2, "policy": "round_robin"}},
     "apiKey": {"value": "sk-test-123"},
     "model": {
@@ -35,8 +35,22 @@ HOSTPATH = {"model": {"path": "/models/m", "volume": {"type": "hostPath", "hostP
 PVC = {"model": {"volume": {"type": "persistentVolumeClaim",
                             "persistentVolumeClaim": {"size": "200Gi", "storageClassName": "efs"}}}}
 EXISTING_SECRET = {"apiKey": {"existingSecret": "my-key", "secretKey": "token"}}
+# InfiniBand/RoCE through the RDMA shared device plugin, on the hosts' network, a NIC per GPU.
+RDMA = {
+    "rdma": {"resources": {"rdma/rdma_shared_device_a": 1}, "ipcLock": True},
+    "shm": {"sizeLimit": "16Gi"},
+    "hostNetwork": True,
+    "nixl": {"backend": "UCX", "devices": "0=mlx5_0,1=mlx5_1,*=mlx5_0"},
+    "engine": {"dtype": "bfloat16", "gpuMemoryUtilization": 0.85, "kvCacheMemoryMb": 8192},
+}
+# AWS EFA: the EFA device plugin's interfaces, LIBFABRIC picking the rails per GPU itself.
+EFA = {
+    "rdma": {"resources": {"vpc.amazonaws.com/efa": 4}, "ipcLock": True},
+    "shm": {"sizeLimit": "32Gi"},
+    "nixl": {"backend": "LIBFABRIC"},
+}
 SCENARIOS = {"default": {}, "big": BIG, "mixed": MIXED, "cpu": CPU, "hostpath": HOSTPATH, "pvc": PVC,
-             "existing-secret": EXISTING_SECRET}
+             "existing-secret": EXISTING_SECRET, "rdma": RDMA, "efa": EFA}
 
 
 def containers(r) -> list[dict]:

@@ -83,7 +83,8 @@ def test_default_serve_config(render):
     assert app["import_path"] == "raypd.cluster.serve_app:app_builder"
     assert app["route_prefix"] == "/"
     assert app["args"] == {"model": None, "prefill_nodes": 1, "decode_nodes": 1, "mixed_nodes": 0,
-                           "gpus_per_node": 1, "place_by_role": True, "policy": "cost", "request_timeout_s": 600}
+                           "gpus_per_node": 1, "place_by_role": True, "policy": "cost", "request_timeout_s": 600,
+                           "transfer_options": {"nixl_backend": "UCX"}}
     # The app builder accepts them, and the role labels it places by are on every worker group.
     from raypd.cluster.serve.config import ServeConfig
     assert ServeConfig.from_args(dict(app["args"])).cluster_spec().place_by_role
@@ -135,8 +136,8 @@ def test_big_groups_replicas_gpus_and_placement(render):
         g = r.group(name)
         (c,) = g["template"]["spec"]["containers"]
         assert c["image"] == "registry.example.com/raypd:1.2.3"
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == 2 == c["resources"]["requests"]["nvidia.com/gpu"]
-        assert g["resources"] == {f"{g['labels']['raypd.io/role']}_gpu": "2"}
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 == c["resources"]["requests"]["nvidia.com/gpu"]
+        assert g["resources"] == {f"{g['labels']['raypd.io/role']}_gpu": "1"}
         assert c["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "serve"}
         assert c["livenessProbe"]["initialDelaySeconds"] == 900
 
@@ -145,7 +146,7 @@ def test_big_serve_args_count_nodes_per_role(render):
     args = render(BIG).app_args
     assert args["prefill_nodes"] == 4          # 3 in `prefill` + 1 in `prefill-r2`
     assert args["decode_nodes"] == 2
-    assert args["gpus_per_node"] == 2
+    assert args["gpus_per_node"] == 1
     assert args["model"] == "/models/qwen"
     assert args["policy"] == "cache_aware"     # the chart's own args win over extraArgs
     assert (args["served_model_name"], args["ingress_replicas"]) == ("qwen", 2)   # other extraArgs pass through

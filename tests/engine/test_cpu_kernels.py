@@ -1,5 +1,6 @@
-"""The CPU fast paths against plain torch: the C decode-attention kernel over a paged pool, and the
-prepacked oneDNN linear. No model; a tiny pool with the real layout."""
+"""The CPU fast paths against plain torch: the C decode-attention kernel over a paged pool (float32
+and bfloat16), and the prepacked oneDNN linear. No model; a tiny pool with the real layout.
+The narrow-weight projections have their own file (test_weight_formats.py)."""
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from raypd.engine import LLM, ConfigError, SamplingParams
-from raypd.engine.model import native_attention
-from raypd.engine.model.linear import Linear, packing_unavailable
+from raypd.engine.model import native_attention, native_linear
+from raypd.engine.model.linear import PackedLinear, packing_unavailable
 from raypd.engine.model.native_attention import KernelUnavailable, NativeDecodeAttention
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 3, 2, 64, 16
@@ -27,12 +28,13 @@ def reference(pool, layer, q, tables, ctx_lens):
         v = blocks[:, 1].permute(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)[:, :ctx].double()
         for h in range(q.shape[1]):
             w = torch.softmax(k[h // g] @ q[d, h].double() * HEAD_DIM ** -0.5, dim=0)
-            out[d, h] = (w @ v[h // g]).float()
+            out[d, h] = (w @ v[h // g]).to(out.dtype)
     return out
 
 
-def random_batch(rng, num_blocks, ctx_lens, heads):
-    pool = torch.from_numpy(rng.standard_normal((num_blocks, LAYERS, 2, KV_HEADS, BLOCK, HEAD_DIM), dtype=np.float32))
+def random_batch(rng, num_blocks, ctx_lens, heads, dtype=torch.float32):
+    pool = torch.from_numpy(rng.standard_normal((num_blocks, LAYERS, 2, KV_HEADS, BLOCK, HEAD_DIM),
+                                                dtype=np.float32)).to(dtype)
     width = max(-(-c // BLOCK) for c in ctx_lens)
     ids = rng.permutation(num_blocks)
     tables = np.full((len(ctx_lens), width), -1, dtype=np.int64)  # padding the kernel must never read
@@ -41,7 +43,7 @@ def random_batch(rng, num_blocks, ctx_lens, heads):
         n = -(-c // BLOCK)
         tables[i, :n] = ids[used:used + n]
         used += n
-    q = torch.from_numpy(rng.standard_normal((len(ctx_lens), heads, HEAD_DIM), dtype=np.float32))
+    q = torch.from_numpy(rng.standard_normal((len(ctx_lens), heads, HEAD_DIM), dtype=np.float32)).to(dtype)
     return pool, q, torch.from_numpy(tables), torch.tensor(ctx_lens, dtype=torch.int64)
 
 
@@ -59,6 +61,23 @@ def test_decode_kernel_matches_gathered_attention(heads, threads):
     assert torch.equal(pool, before)
 
 
+@pytest.mark.parametrize("heads", [2, 6])
+def test_bf16_decode_kernel_matches_gathered_attention(heads):
+    # bf16 pool, q and output; the kernel sums in float32, so the only loss is the output's rounding.
+    rng = np.random.default_rng(heads)
+    ctx_lens = [1, 16, 17, 100, 3, 250]
+    pool, q, tables, ctx = random_batch(rng, 60, ctx_lens, heads, torch.bfloat16)
+    before = pool.clone()
+    kernel = NativeDecodeAttention(2)
+    for layer in range(LAYERS):
+        out = kernel(pool, layer, q, tables, ctx)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, reference(pool, layer, q, tables, ctx), atol=1e-2, rtol=1e-2)
+    assert torch.equal(pool, before)
+    with pytest.raises(TypeError, match="q is torch.float32"):
+        kernel(pool, 0, q.float(), tables, ctx)
+
+
 def test_decode_kernel_is_the_same_on_any_thread_count():
     pool, q, tables, ctx = random_batch(np.random.default_rng(7), 64, [5, 300, 77, 160, 33, 250], 6)
     one = NativeDecodeAttention(1)(pool, 1, q, tables, ctx)
@@ -68,7 +87,8 @@ def test_decode_kernel_is_the_same_on_any_thread_count():
 def test_supports_names_what_the_kernel_cannot_read():
     pool = torch.zeros(2, LAYERS, 2, KV_HEADS, BLOCK, HEAD_DIM)
     assert native_attention.supports(pool, 6) is None
-    assert "bfloat16" in native_attention.supports(pool.bfloat16(), 6)
+    assert native_attention.supports(pool.bfloat16(), 6) is None
+    assert "float16" in native_attention.supports(pool.half(), 6)
     assert "heads" in native_attention.supports(pool, 5)
 
 
@@ -76,14 +96,18 @@ def test_no_compiler_is_a_typed_error_and_auto_falls_back(monkeypatch, tmp_path)
     monkeypatch.setenv("RAYPD_CACHE_DIR", str(tmp_path))  # nothing built yet in this cache
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     native_attention._load_library.cache_clear()
+    native_linear._load_library.cache_clear()
     try:
         with pytest.raises(KernelUnavailable, match="no-such-cc"):
             NativeDecodeAttention(1)
         llm = LLM(num_blocks=16)  # auto: packed linears still on, attention on the torch path
         assert llm.engine.decode_kernel is None and llm.engine.model.lm_head.packed
         assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))[0].finish_reason
+        # int8 without the kernel: the same format through F.linear, widened per call.
+        assert type(LLM(num_blocks=16, quantization="int8").engine.model.lm_head).__name__ == "DequantizedLinear"
     finally:
         native_attention._load_library.cache_clear()  # later tests load the real build again
+        native_linear._load_library.cache_clear()
     monkeypatch.undo()
     assert NativeDecodeAttention(1) is not None
 
@@ -110,7 +134,7 @@ def test_packed_linear_matches_f_linear(dtype, rows):
     x = torch.randn(rows, 48, generator=g).to(dtype)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for bias in (None, b):
-        packed = Linear(w, bias, packed=True)
+        packed = PackedLinear(w, bias)
         assert packed.packed
         torch.testing.assert_close(packed(x).float(), F.linear(x, w, bias).float(), atol=tol, rtol=tol)
 

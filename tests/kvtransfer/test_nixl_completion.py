@@ -34,7 +34,7 @@ def pool(seed: int):
 
 def receiver_child(conn) -> None:
     from raypd.kvtransfer.nixl_backend import NixlBackend
-    backend = NixlBackend(TransferConfig(nixl_ucx_devices="lo"), "rcv-node")
+    backend = NixlBackend(TransferConfig(), "rcv-node")
     blocks, aux = pool(2)
     backend.register(blocks, aux)
     conn.send(backend.metadata())
@@ -79,7 +79,7 @@ def test_writes_complete_while_the_peer_is_silent():
     proc = ctx.Process(target=receiver_child, args=(child_conn,), daemon=True)
     proc.start()
     child_conn.close()
-    sender = NixlBackend(TransferConfig(nixl_ucx_devices="lo"), "snd-node")
+    sender = NixlBackend(TransferConfig(), "snd-node")
     try:
         blocks, aux = pool(1)
         sender.register(blocks, aux)

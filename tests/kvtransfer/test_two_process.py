@@ -30,7 +30,7 @@ SECRET = DataPlaneSecret.generate()
 
 def config(backend: str, **kw) -> dict:
     # Short enough to keep the suite quick, long enough for a loaded 2-core machine.
-    return dict(backend=backend, nixl_ucx_devices="lo", bootstrap_timeout_s=3.0, wait_timeout_s=30.0,
+    return dict(backend=backend, bootstrap_timeout_s=3.0, wait_timeout_s=30.0,
                 transfer_timeout_s=10.0, heartbeat_interval_s=0.25, heartbeat_timeout_s=3.0, secret=SECRET) | kw
 
 

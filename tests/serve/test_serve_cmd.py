@@ -44,7 +44,10 @@ def test_port_in_use():
     (("--topology", "/no/such/topology.yaml"), "topology file not found"),
     (("--port", "70000"), "--port 70000 is out of range"),
     (("--metrics-export-port", "18080"), "--metrics-export-port 18080 is in Ray's worker port range"),
-], ids=["model", "pd-counts", "pd-and-mixed", "policy", "topology", "port-range", "metrics-port"])
+    (("--gpus-per-node", "2"), "--gpus-per-node 2.0: a node actor uses one GPU"),
+    (("--gpu-memory-utilization", "1.5"), "engine options: gpu_memory_utilization must be in (0, 1]"),
+], ids=["model", "pd-counts", "pd-and-mixed", "policy", "topology", "port-range", "metrics-port", "gpus",
+        "gpu-memory"])
 def test_bad_options(args, starts):
     assert_one_line_error(serve_cli("--port", str(free_port()), *args), starts)
 

@@ -142,6 +142,16 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
   "policy" .Values.serve.policy
 -}}
 {{- $_ := set $args "request_timeout_s" (float64 .Values.serve.requestTimeoutSeconds) -}}
+{{- $transfer := dict "nixl_backend" .Values.nixl.backend -}}
+{{- with .Values.nixl.devices -}}{{- $_ := set $transfer "nixl_devices" . -}}{{- end -}}
+{{- $_ := set $args "transfer_options" $transfer -}}
+{{- $engine := dict -}}
+{{- with .Values.engine -}}
+{{- if not (kindIs "invalid" .dtype) -}}{{- $_ := set $engine "dtype" .dtype -}}{{- end -}}
+{{- if not (kindIs "invalid" .gpuMemoryUtilization) -}}{{- $_ := set $engine "gpu_memory_utilization" (float64 .gpuMemoryUtilization) -}}{{- end -}}
+{{- if not (kindIs "invalid" .kvCacheMemoryMb) -}}{{- $_ := set $engine "kv_cache_memory_mb" (int .kvCacheMemoryMb) -}}{{- end -}}
+{{- if not (kindIs "invalid" .quantization) -}}{{- $_ := set $engine "quantization" .quantization -}}{{- end -}}
+{{- end -}}
 {{- if .Values.topology.config -}}
 {{- $_ := set $args "topology" (printf "%s/topology.yaml" .Values.topology.mountPath) -}}
 {{- end -}}
@@ -149,8 +159,9 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- if not (kindIs "invalid" .ttftSlo) -}}{{- $_ := set $args "ttft_slo_s" (float64 .ttftSlo) -}}{{- end -}}
 {{- if not (kindIs "invalid" .maxOngoingRequests) -}}{{- $_ := set $args "max_ongoing_requests" (int .maxOngoingRequests) -}}{{- end -}}
 {{- if not (kindIs "invalid" .maxQueuedRequests) -}}{{- $_ := set $args "max_queued_requests" (int .maxQueuedRequests) -}}{{- end -}}
-{{- if not (kindIs "invalid" .maxWaitingRequests) -}}{{- $_ := set $args "engine_options" (dict "max_waiting_requests" (int .maxWaitingRequests)) -}}{{- end -}}
+{{- if not (kindIs "invalid" .maxWaitingRequests) -}}{{- $_ := set $engine "max_waiting_requests" (int .maxWaitingRequests) -}}{{- end -}}
 {{- end -}}
+{{- if $engine -}}{{- $_ := set $args "engine_options" $engine -}}{{- end -}}
 {{- $args = merge $args (deepCopy .Values.serve.extraArgs) -}}
 {{- $importPath := .Values.serve.importPath -}}
 {{- if hasPrefix "cluster.serve_app:" $importPath -}}
@@ -199,6 +210,10 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
   mountPath: {{ .Values.topology.mountPath }}
   readOnly: true
 {{- end }}
+{{- if .Values.shm.sizeLimit }}
+- name: dshm
+  mountPath: /dev/shm
+{{- end }}
 {{- end -}}
 
 {{- define "raypd.volumes" -}}
@@ -228,6 +243,12 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 - name: topology
   configMap:
     name: {{ include "raypd.fullname" . }}-topology
+{{- end }}
+{{- with .Values.shm.sizeLimit }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ . | quote }}
 {{- end }}
 {{- end -}}
 

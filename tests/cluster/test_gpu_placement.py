@@ -1,0 +1,49 @@
+"""GPU placement through real Ray actors on a Ray node that reports one (logical) GPU. This machine
+has no CUDA, so what can be checked is the decision: the default asks Ray for one GPU per node, the
+actor gets Ray's GPU id, and its engine then refuses to run without CUDA instead of quietly using
+the CPU (or GPU 0); `--device cpu` keeps such a node on the CPU. tests/node/test_gpu_assignment.py
+covers the id -> device mapping."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import ray
+
+from raypd.cluster.launch.local_cluster import ClusterSpec, ClusterStartError, NodeCluster
+
+pytestmark = pytest.mark.cluster  # starts Ray
+
+SPEC = ClusterSpec(mixed_nodes=1, cpus_per_node=0.5, engine_options={"num_blocks": 64}, start_timeout_s=120.0)
+
+
+@pytest.fixture(scope="module")
+def one_gpu_ray():
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_default_asks_for_one_gpu_and_the_engine_wants_the_cuda_device_ray_gave(one_gpu_ray):
+    with pytest.raises(ClusterStartError, match="cuda:0.*CUDA is not available"):
+        NodeCluster.start(dataclasses.replace(SPEC, name_prefix="gpu-default"))
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU") != 1:  # the failed actor gives its GPU back
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
+
+
+def test_device_cpu_keeps_a_gpu_node_on_the_cpu(one_gpu_ray):
+    cluster = NodeCluster.start(dataclasses.replace(SPEC, name_prefix="gpu-cpu",
+                                                    engine_options={"num_blocks": 64, "device": "cpu"}))
+    try:
+        (node,) = cluster.nodes
+        assert ray.available_resources().get("GPU", 0) == 0  # it holds the GPU Ray assigned it
+        assert cluster.spec.gpus_per_node == 1.0
+        assert ray.get(node.actor.stats.remote(), timeout=60)["num_blocks"] == 64
+    finally:
+        cluster.stop()

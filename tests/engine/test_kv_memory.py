@@ -1,0 +1,106 @@
+"""engine/kv_memory.py: the KV pool's size on CPU (explicit) and by --gpu-memory-utilization, whose
+sizing runs for real here (the peak batch goes through the engine) with the device's memory
+readings given by the test."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raypd.engine import SamplingParams
+from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.engine import LLMEngine
+from raypd.engine.errors import ConfigError
+from raypd.engine.kv_memory import (
+    DEFAULT_CPU_KV_MB,
+    GiB,
+    MemoryReading,
+    PeakBatch,
+    blocks_for_bytes,
+    check_free_at_start,
+    gpu_kv_bytes,
+)
+
+
+def reading(total=80 * GiB, free=79 * GiB, peak=0, reserved=0):
+    return MemoryReading(total=total, free=free, peak_allocated=peak, reserved=reserved)
+
+
+def test_utilization_budget_minus_weights_peak_batch_and_memory_outside_torch():
+    start = reading(free=79 * GiB)
+    # After loading 16 GiB of weights and a peak batch of 4 GiB, torch reserved 21 GiB, and the
+    # device lost 22 GiB: 1 GiB went outside torch (CUDA context, registrations).
+    after = reading(free=57 * GiB, peak=20 * GiB, reserved=21 * GiB)
+    assert gpu_kv_bytes(start, after, 0.9) == int(80 * GiB * 0.9) - 20 * GiB - 1 * GiB
+
+
+def test_no_room_for_kv_is_a_config_error_that_names_the_flag():
+    with pytest.raises(ConfigError, match="gpu-memory-utilization 0.2"):
+        gpu_kv_bytes(reading(), reading(free=60 * GiB, peak=18 * GiB, reserved=19 * GiB), 0.2)
+
+
+def test_start_refuses_when_another_process_holds_the_promised_memory():
+    check_free_at_start(reading(free=73 * GiB), 0.9)  # 72 GiB promised, 73 free: fine
+    with pytest.raises(ConfigError, match="another process"):
+        check_free_at_start(reading(free=40 * GiB), 0.9)
+
+
+def test_peak_batch_fills_the_token_budget_over_the_sequence_limit():
+    batch = PeakBatch.for_limits(8192, 256, 32768)
+    assert len(batch.prompt_lengths) == 256 and sum(batch.prompt_lengths) == 8192
+    assert PeakBatch.for_limits(16, 64, 2048).prompt_lengths == (1,) * 16  # never more rows than tokens
+    assert PeakBatch.for_limits(4096, 1, 512).prompt_lengths == (511,)    # inside the context
+    assert PeakBatch((15, 16)).blocks_needed(16) == 1 + 2
+
+
+def test_blocks_for_bytes():
+    assert blocks_for_bytes(10 * 1000, 1000, "x") == 10
+    with pytest.raises(ConfigError, match="holds no 1000-byte KV block"):
+        blocks_for_bytes(999, 1000, "x")
+
+
+class GivenMemory:
+    """Fixed readings: the device as it was at start, then as it is after the profile batch."""
+
+    def __init__(self, start: MemoryReading, after: MemoryReading):
+        self.readings = [start, after]
+        self.resets = 0
+
+    def reset_peak(self) -> None:
+        self.resets += 1
+
+    def read(self) -> MemoryReading:
+        return self.readings.pop(0)
+
+
+def test_the_engine_sizes_its_pool_by_utilization_after_a_real_peak_batch():
+    start = reading(total=4 * GiB, free=4 * GiB)
+    after = reading(total=4 * GiB, free=3 * GiB, peak=900 * 2**20, reserved=1000 * 2**20)
+    memory = GivenMemory(start, after)
+    events = []
+    engine = LLMEngine(None, on_kv_event=events.append, device_memory=memory, gpu_memory_utilization=0.5,
+                       max_num_batched_tokens=64, max_running_requests=4)
+    per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, engine.dtype)
+    assert memory.resets == 1 and not memory.readings  # both readings taken: the profile ran to its end
+    assert engine.num_blocks == gpu_kv_bytes(start, after, 0.5) // per_block
+    assert engine.kv_cache.num_blocks == engine.num_blocks == engine.block_accounting().free
+    # Nothing of the profile survives: no requests, no cached prefix, no KV event for the Conductor.
+    assert not engine.requests and engine.prefix_cache.num_cached_blocks == 0 and events == []
+    out = engine.add_request(list(range(40, 80)), SamplingParams(max_tokens=4, temperature=0.0))
+    while engine.has_unfinished():
+        engine.step()
+    assert out not in engine.requests
+    engine.check_block_integrity()
+
+
+def test_explicit_sizes_skip_the_profile():
+    memory = GivenMemory(reading(), reading())
+    engine = LLMEngine(None, device_memory=memory, kv_cache_memory_mb=64)
+    assert memory.resets == 0 and len(memory.readings) == 2
+    per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, torch.float32)
+    assert engine.num_blocks == 64 * 2**20 // per_block
+
+
+def test_cpu_default_is_the_fixed_budget():
+    engine = LLMEngine(None)
+    per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, engine.dtype)
+    assert engine.num_blocks == DEFAULT_CPU_KV_MB * 2**20 // per_block

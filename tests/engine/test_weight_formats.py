@@ -1,0 +1,141 @@
+"""Narrow weights: the int8 quantizer and the C kernel for bf16 / int8 projections against torch in
+float64, at decode (1-3 rows) and prefill (many rows) sizes. No model."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raypd.engine.model.linear import LinearFactory, choose_linears
+from raypd.engine.model.native_linear import NativeLinear
+from raypd.engine.model.quantization import DequantizedLinear, quantize_int8
+
+CPU = torch.device("cpu")
+PORTABLE = ("-mno-avx2", "-mno-fma")  # the kernel's plain-C variant, for CPUs without AVX2
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> torch.Tensor:
+    """What the kernel computes, in float64: the weights as the format stores them."""
+    if fmt == "int8":
+        q, scale = quantize_int8(w)
+        w = q.double() * scale.double()[:, None]
+    elif fmt == "bfloat16":
+        w = w.bfloat16()
+    return F.linear(x.double(), w.double(), None if bias is None else bias.double())
+
+
+def case(rows: int, n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 50, 300])  # decode tiles, the first tiled size, prefill chunks
+def test_kernel_matches_float64(fmt, act, rows):
+    # n and k off the kernel's multiples (4 rows, 16 columns): the padding must never show.
+    w, b, x = case(rows, 70, 150, seed=rows)
+    x = x.to(act)
+    for bias in (None, b):
+        y = NativeLinear(w, bias, fmt, act, num_threads=2)(x)
+        assert y.dtype == act and y.shape == (rows, 70)
+        ref = reference(x, w, bias, fmt)
+        # float32 activations: only int8's int16 rounding of x (2^-15 of a row's max) and float32
+        # sums; bfloat16 activations: the output's own rounding.
+        tol = 2e-4 if act == torch.float32 else 1e-2
+        torch.testing.assert_close(y.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+
+
+def test_leading_dimensions_are_kept():
+    w, _, x = case(6, 12, 32)
+    y = NativeLinear(w, None, "int8", torch.float32, 1)(x.view(2, 3, 32))
+    assert y.shape == (2, 3, 12)
+    torch.testing.assert_close(y.view(6, 12).double(), reference(x, w, None, "int8"), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 100])
+def test_int8_sums_are_exact_whatever_the_threads_or_the_build(rows):
+    # Integer sums have no rounding order: any thread count, the tiled (> 3 rows) and streamed paths,
+    # and the plain-C build all give the same bits. Each row's result is its own, whatever the batch.
+    w, b, x = case(rows, 90, 200, seed=3)
+    one = NativeLinear(w, b, "int8", torch.float32, 1)(x)
+    for threads in (2, 3):
+        assert torch.equal(NativeLinear(w, b, "int8", torch.float32, threads)(x), one)
+    assert torch.equal(NativeLinear(w, b, "int8", torch.float32, 2, extra_flags=PORTABLE)(x), one)
+    assert torch.equal(NativeLinear(w, b, "int8", torch.float32, 2)(x[-1:]), one[-1:])
+
+
+def test_portable_build_computes_bf16_weights_too():
+    w, b, x = case(5, 40, 64)
+    portable = NativeLinear(w, b, "bfloat16", torch.float32, 2, extra_flags=PORTABLE)(x)
+    torch.testing.assert_close(portable.double(), reference(x, w, b, "bfloat16"), atol=1e-4, rtol=1e-4)
+
+
+def test_long_rows_do_not_overflow_the_integer_sums():
+    # 9000 products of 127 * 32767 per output: past what int32 lanes hold, so the kernel must flush.
+    k = 9000
+    w, x = torch.full((4, k), 0.5), torch.full((2, k), 3.0)
+    w[1] = -0.5
+    y = NativeLinear(w, None, "int8", torch.float32, 2)(x)
+    torch.testing.assert_close(y, torch.tensor([[1.0, -1.0, 1.0, 1.0]] * 2) * 1.5 * k, rtol=1e-6, atol=0)
+
+
+def test_non_finite_activations_give_nan_like_a_float_matmul():
+    w, _, x = case(2, 8, 32)
+    x[0, 5] = float("inf")
+    y = NativeLinear(w, None, "int8", torch.float32, 1)(x)
+    assert y[0].isnan().all() and y[1].isfinite().all()
+
+
+def test_quantize_int8_rounds_each_row_to_its_own_scale():
+    w = torch.randn(5, 64) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.0])[:, None]
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    assert q[:4].abs().amax(dim=1).tolist() == [127] * 4  # every row uses the full range
+    assert scale[4] == 1 and not q[4].any()  # an all-zero row
+    err = (q.float() * scale[:, None] - w).abs()
+    assert (err <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_dequantized_torch_path_computes_the_same_format():
+    w, b, x = case(9, 33, 48)
+    torch.testing.assert_close(DequantizedLinear(w, b)(x), NativeLinear(w, b, "int8", torch.float32, 2)(x),
+                               atol=1e-3, rtol=1e-3)
+
+
+def test_wrong_activation_dtype_is_refused():
+    w, _, x = case(1, 8, 16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        NativeLinear(w, None, "int8", torch.bfloat16, 1)(x)
+    with pytest.raises(ValueError, match="float16"):
+        NativeLinear(w, None, "int8", torch.float16, 1)
+
+
+@pytest.mark.parametrize("dtype, quantization, fast, expected", [
+    (torch.float32, "none", True, LinearFactory("onednn")),
+    (torch.float32, "int8", True, LinearFactory("native", "int8", 2)),
+    (torch.bfloat16, "none", True, LinearFactory("native", "bfloat16", 2)),
+    (torch.bfloat16, "int8", True, LinearFactory("native", "int8", 2)),
+    (torch.float16, "int8", True, LinearFactory("dequantized", "int8")),  # the kernel takes no float16
+    (torch.float32, "int8", False, LinearFactory("dequantized", "int8")),  # cpu_kernels="torch"
+    (torch.bfloat16, "none", False, LinearFactory("torch")),
+])
+def test_choice_of_projections(dtype, quantization, fast, expected):
+    choice = choose_linears(CPU, dtype, quantization, fast, num_threads=2)
+    assert choice.factory == expected
+    assert (choice.fallback is None) == (expected.kind != "dequantized" or not fast)
+
+
+def test_quantization_option_and_flag():
+    import argparse
+
+    from raypd.cluster.cli.engine_args import add_engine_args, engine_options
+    from raypd.engine.config import EngineConfig
+    from raypd.engine.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_options(parser.parse_args([]))["quantization"] == "none"
+    assert engine_options(parser.parse_args(["--quantization", "int8"]))["quantization"] == "int8"
+    with pytest.raises(ConfigError, match="quantization"):
+        EngineConfig(quantization="int4")  # type: ignore[arg-type]
