@@ -34,10 +34,11 @@ class EngineConfig:
     # device; the reference path). "native": require both, error if unavailable. "auto": each one
     # where it applies, else torch.
     cpu_kernels: Literal["auto", "native", "torch"] = "auto"
-    # Weight format of the projections and the LM head (engine/model/quantization.py). "int8": int8
-    # weights with one scale per output channel, activations in `dtype`; a CPU decode step streams a
-    # quarter of float32's bytes. Greedy tokens then differ from the float32 reference after a while.
-    quantization: Literal["none", "int8"] = "none"
+    # Weight format of the projections and the LM head (engine/model/quantization.py), activations in
+    # `dtype`. "int8": one scale per output channel (a quarter of float32's bytes per decode step);
+    # "int8-g32": a scale and an offset per 32 weights (1.25 bytes each), which reproduces a GGUF's
+    # 4-bit and 8-bit groups exactly. Greedy tokens from "int8" drift from the float32 reference.
+    quantization: Literal["none", "int8", "int8-g32"] = "none"
     seed: int = 0  # draws the sampling seed of each request that brings none
     # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
     # each step, jumps back after a retraction). Lower admits more and risks retraction.
@@ -65,8 +66,8 @@ class EngineConfig:
                               f"{self.min_new_token_ratio} and {self.init_new_token_ratio}")
         if self.cpu_kernels not in ("auto", "native", "torch"):
             raise ConfigError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
-        if self.quantization not in ("none", "int8"):
-            raise ConfigError(f"quantization must be none or int8, got {self.quantization!r}")
+        if self.quantization not in ("none", "int8", "int8-g32"):
+            raise ConfigError(f"quantization must be none, int8 or int8-g32, got {self.quantization!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
 

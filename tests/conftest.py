@@ -50,17 +50,17 @@ def prompt_ids(llm) -> list[list[int]]:
     return ids
 
 
-@pytest.fixture(scope="session")
-def hf_reference(prompt_ids) -> list[list[int]]:
-    """Greedy continuations from transformers, loading the GGUF with its own dequantizer, one prompt
-    at a time (no padding), stopping at EOS like the engine."""
+def hf_greedy(prompt_ids: list[list[int]], dtype_name: str) -> list[list[int]]:
+    """Greedy continuations from transformers in `dtype_name`, loading the GGUF with its own
+    dequantizer, one prompt at a time (no padding), stopping at EOS like the engine."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from raypd.engine.model.source import default_model_path
 
     path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=getattr(torch, dtype_name))
     model.eval()
     out = []
     with torch.inference_mode():
@@ -69,6 +69,12 @@ def hf_reference(prompt_ids) -> list[list[int]]:
                                  max_new_tokens=NEW_TOKENS, do_sample=False)
             out.append(gen[0, len(ids):].tolist())
     return out
+
+
+@pytest.fixture(scope="session")
+def hf_reference(prompt_ids) -> list[list[int]]:
+    """The float32 reference every parity test compares against."""
+    return hf_greedy(prompt_ids, "float32")
 
 
 @pytest.fixture(autouse=True)

@@ -30,8 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--device", default="auto")
     e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
                    help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
-    e.add_argument("--quantization", choices=["none", "int8"], default="none",
-                   help="int8: weight-only int8 projections (per-channel scales), activations in --dtype")
+    e.add_argument("--quantization", choices=["none", "int8", "int8-g32"], default="none",
+                   help="weight-only int8 projections, activations in --dtype: int8 = a scale per output channel, "
+                        "int8-g32 = a scale and offset per 32 weights (exact for a GGUF's Q4/Q8 groups)")
     return e
 
 

@@ -7,11 +7,11 @@
                                                                            shapes, oneDNN on its blocked
                                                                            layout 110-190 (the LM head
                                                                            27 -> 11 ms per 32-row step)
-    native       bfloat16, or int8 + row scales   CPU with a C compiler    a decode step streams every
-                 (native_linear.py)                                        weight once: fewer bytes per
+    native       bfloat16, or int8 (row or group  CPU with a C compiler    a decode step streams every
+                 scales; native_linear.py)                                 weight once: fewer bytes per
                                                                            weight are the time
-    dequantized  int8 + row scales, widened       any device               int8 where the kernel is
-                 per call (quantization.py)                                missing: same numbers, slower
+    dequantized  int8, widened per call           any device               int8 where the kernel is
+                 (quantization.py)                                         missing: same numbers, slower
 
 oneDNN's pair of ops is internal to torch (torch.ops.mkldnn._reorder_linear_weight /
 _linear_pointwise, exposed for its compiler), so they are probed before use; torch's own bf16 and
@@ -71,7 +71,7 @@ class PackedLinear:
 class LinearFactory:
     """Builds every projection of a model the same way: factory(weight, bias) -> Linear."""
     kind: LinearKind
-    weight_format: Literal["engine dtype", "bfloat16", "int8"] = "engine dtype"
+    weight_format: Literal["engine dtype", "bfloat16", "int8", "int8-g32"] = "engine dtype"
     num_threads: int = 1  # the native kernel's
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
@@ -81,7 +81,8 @@ class LinearFactory:
             assert self.weight_format != "engine dtype", "the native kernel is for narrow weights"
             return NativeLinear(weight, bias, self.weight_format, weight.dtype, self.num_threads)
         if self.kind == "dequantized":
-            return DequantizedLinear(weight, bias)
+            assert self.weight_format in ("int8", "int8-g32"), "dequantized projections are int8"
+            return DequantizedLinear(weight, bias, self.weight_format)
         return TorchLinear(weight, bias)
 
     def describe(self) -> str:
@@ -101,9 +102,10 @@ def choose_linears(device: torch.device, dtype: torch.dtype, quantization: str, 
                    num_threads: int) -> LinearChoice:
     """The projections for weights in `dtype` (int8 when quantization == "int8") on `device`.
     fast_paths False: plain torch (cpu_kernels="torch")."""
-    narrow: Literal["int8", "bfloat16"] | None = (
-        "int8" if quantization == "int8" else "bfloat16" if dtype == torch.bfloat16 else None)
-    slow = LinearFactory("dequantized", "int8") if narrow == "int8" else LinearFactory("torch")
+    narrow: Literal["int8", "int8-g32", "bfloat16"] | None = (
+        "int8" if quantization == "int8" else "int8-g32" if quantization == "int8-g32"
+        else "bfloat16" if dtype == torch.bfloat16 else None)
+    slow = LinearFactory("torch") if narrow in (None, "bfloat16") else LinearFactory("dequantized", narrow)
     if not fast_paths:
         return LinearChoice(slow, None)
     if narrow is None:

@@ -15,6 +15,7 @@ from raypd.engine.cache.kv_cache import PagedKVCache
 from raypd.engine.model.attention import AttentionMetadata, paged_attention
 from raypd.engine.model.config import ModelConfig
 from raypd.engine.model.linear import TORCH_LINEARS, Linear, LinearFactory
+from raypd.engine.model.native_decoder import NativeDecoder
 from raypd.engine.model.rope import RotaryTable, apply_rotary
 
 
@@ -75,6 +76,10 @@ class LlamaModel:
                               lw.post_norm, linears(lw.gate_up, None), linears(lw.down, None), _stacked_qk_norm(lw, cfg))
                        for lw in weights.layers]
         self.lm_head = linears(weights.lm_head, None)
+        # Decode-only steps run every layer in one C call when all projections are on the C kernel
+        # (native_decoder.py; it refuses layers with a q/k norm); otherwise, and for prefill, the loop.
+        decoder = NativeDecoder.for_layers(cfg, self.layers, dtype, linears.num_threads)
+        self.decoder: NativeDecoder | None = decoder if isinstance(decoder, NativeDecoder) else None
         self.rope = RotaryTable(cfg, device, dtype)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -85,7 +90,10 @@ class LlamaModel:
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope.lookup(positions)
         heads = cfg.num_heads
-        for i, lw in enumerate(self.layers):
+        layers = self.layers
+        if self.decoder is not None and NativeDecoder.serves(meta):
+            h, layers = self.decoder(h, cos, sin, kv, meta), []
+        for i, lw in enumerate(layers):
             x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
             qkv = lw.qkv(x)
             # Normalise (Qwen3) and rotate q and k heads in one pass, then split.

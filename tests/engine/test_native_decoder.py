@@ -7,13 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from raypd.engine.cache.kv_cache import PagedKVCache
 from raypd.engine.model.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from raypd.engine.model.config import ModelConfig
 from raypd.engine.model.linear import LinearFactory
-from raypd.engine.model.llama import LayerWeights, LlamaModel, ModelWeights, rms_norm
+from raypd.engine.model.llama import LayerWeights, LlamaModel, ModelWeights
 from raypd.engine.model.native_attention import NativeDecodeAttention
 from raypd.engine.model.native_decoder import NativeDecoder
 
@@ -69,23 +68,16 @@ def decode_step(cfg: ModelConfig, kv: PagedKVCache, ctx_lens: list[int], seed: i
     return ids, torch.tensor([c - 1 for c in ctx_lens]), meta
 
 
-def fused_logits(model: LlamaModel, decoder: NativeDecoder, ids, positions, meta, kv) -> torch.Tensor:
-    """What llama.py's forward computes when the decoder takes the layers."""
-    h = F.embedding(ids, model.embed)
-    cos, sin = model.rope.lookup(positions)
-    h = decoder(h, cos, sin, kv, meta)
-    return model.lm_head(rms_norm(h, model.norm, model.cfg.rms_norm_eps)).float()
-
-
 @pytest.mark.parametrize("dtype, fmt, bias", [
     (torch.float32, "int8", False), (torch.float32, "int8", True), (torch.float32, "bfloat16", False),
+    (torch.float32, "int8-g32", True), (torch.bfloat16, "int8-g32", False),
     (torch.bfloat16, "bfloat16", True), (torch.bfloat16, "int8", False)])
 @pytest.mark.parametrize("ctx_lens", [[1], [17, 40, 3, 16, 33, 5, 64, 2, 20]])  # one row; rows in parallel
 def test_fused_layers_compute_what_the_layer_loop_does(dtype, fmt, bias, ctx_lens):
     cfg = tiny_config(bias)
     model = tiny_model(cfg, dtype, LinearFactory("native", fmt, 2))
-    decoder = NativeDecoder.for_layers(cfg, model.layers, dtype, 2)
-    assert isinstance(decoder, NativeDecoder), decoder
+    decoder = model.decoder  # the model takes the fused layers for itself when all projections are native
+    assert isinstance(decoder, NativeDecoder), NativeDecoder.for_layers(cfg, model.layers, dtype, 2)
     loop_kv = PagedKVCache(cfg, NUM_BLOCKS, BLOCK, dtype, CPU)
     loop_kv.pool.copy_(torch.randn(loop_kv.pool.shape, generator=torch.Generator().manual_seed(2)).to(dtype))
     fused_kv = PagedKVCache(cfg, NUM_BLOCKS, BLOCK, dtype, CPU)
@@ -93,8 +85,10 @@ def test_fused_layers_compute_what_the_layer_loop_does(dtype, fmt, bias, ctx_len
     ids, positions, meta = decode_step(cfg, loop_kv, ctx_lens)
     assert NativeDecoder.serves(meta)
     with torch.inference_mode():
+        model.decoder = None  # llama.py's layer loop
         expected = model.forward(ids, positions, meta, loop_kv, torch.arange(len(ctx_lens)))
-        got = fused_logits(model, decoder, ids, positions, meta, fused_kv)
+        model.decoder = decoder
+        got = model.forward(ids, positions, meta, fused_kv, torch.arange(len(ctx_lens)))
     # float32: only the order of float32 sums differs; bfloat16: one rounding flip can move a value by
     # a bf16 step, and that propagates through the layers.
     tol = 1e-4 if dtype == torch.float32 else 5e-2

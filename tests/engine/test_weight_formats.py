@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from raypd.engine.model.linear import LinearFactory, choose_linears
 from raypd.engine.model.native_linear import NativeLinear
-from raypd.engine.model.quantization import DequantizedLinear, quantize_int8
+from raypd.engine.model.quantization import DequantizedLinear, dequantize, quantize_int8, quantize_int8_groups
 
 CPU = torch.device("cpu")
 PORTABLE = ("-mno-avx2", "-mno-fma")  # the kernel's plain-C variant, for CPUs without AVX2
@@ -16,9 +16,8 @@ PORTABLE = ("-mno-avx2", "-mno-fma")  # the kernel's plain-C variant, for CPUs w
 
 def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> torch.Tensor:
     """What the kernel computes, in float64: the weights as the format stores them."""
-    if fmt == "int8":
-        q, scale = quantize_int8(w)
-        w = q.double() * scale.double()[:, None]
+    if fmt in ("int8", "int8-g32"):
+        w = dequantize(fmt, w)
     elif fmt == "bfloat16":
         w = w.bfloat16()
     return F.linear(x.double(), w.double(), None if bias is None else bias.double())
@@ -29,11 +28,11 @@ def case(rows: int, n: int, k: int, seed: int = 0):
     return torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int8-g32"])
 @pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 50, 300])  # decode tiles, the first tiled size, prefill chunks
 def test_kernel_matches_float64(fmt, act, rows):
-    # n and k off the kernel's multiples (4 rows, 16 columns): the padding must never show.
+    # n and k off the kernel's multiples (4 rows, 16 or 32 columns): the padding must never show.
     w, b, x = case(rows, 70, 150, seed=rows)
     x = x.to(act)
     for bias in (None, b):
@@ -53,16 +52,22 @@ def test_leading_dimensions_are_kept():
     torch.testing.assert_close(y.view(6, 12).double(), reference(x, w, None, "int8"), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32"])
 @pytest.mark.parametrize("rows", [1, 3, 7, 100])
-def test_int8_sums_are_exact_whatever_the_threads_or_the_build(rows):
-    # Integer sums have no rounding order: any thread count, the tiled (> 3 rows) and streamed paths,
-    # and the plain-C build all give the same bits. Each row's result is its own, whatever the batch.
+def test_int8_rows_do_not_depend_on_threads_or_batch(fmt, rows):
+    # A row is computed the same way on any thread count, alone or in a batch (streamed when <= 3
+    # rows, tiled above): int8's sums are exact integers; int8-g32 adds exact group sums in a fixed
+    # order. Exact integers also make int8's plain-C build give the same bits.
     w, b, x = case(rows, 90, 200, seed=3)
-    one = NativeLinear(w, b, "int8", torch.float32, 1)(x)
+    one = NativeLinear(w, b, fmt, torch.float32, 1)(x)
     for threads in (2, 3):
-        assert torch.equal(NativeLinear(w, b, "int8", torch.float32, threads)(x), one)
-    assert torch.equal(NativeLinear(w, b, "int8", torch.float32, 2, extra_flags=PORTABLE)(x), one)
-    assert torch.equal(NativeLinear(w, b, "int8", torch.float32, 2)(x[-1:]), one[-1:])
+        assert torch.equal(NativeLinear(w, b, fmt, torch.float32, threads)(x), one)
+    assert torch.equal(NativeLinear(w, b, fmt, torch.float32, 2)(x[-1:]), one[-1:])
+    portable = NativeLinear(w, b, fmt, torch.float32, 2, extra_flags=PORTABLE)(x)
+    if fmt == "int8":
+        assert torch.equal(portable, one)
+    else:
+        torch.testing.assert_close(portable, one, atol=1e-5 * one.abs().max().item(), rtol=1e-5)
 
 
 def test_portable_build_computes_bf16_weights_too():
@@ -97,9 +102,27 @@ def test_quantize_int8_rounds_each_row_to_its_own_scale():
     assert (err <= scale[:, None] / 2 + 1e-7).all()
 
 
-def test_dequantized_torch_path_computes_the_same_format():
+def test_groups_reproduce_gguf_4_bit_and_8_bit_blocks():
+    # Q4_1 blocks (w = d * q + m, q in 0..15 with both ends used) and Q8_0 blocks (w = d * q, max |q|
+    # = 127): what a GGUF checkpoint stores, and what int8-g32 must reproduce to float32 rounding.
+    g = torch.Generator().manual_seed(5)
+    q4 = torch.randint(0, 16, (6, 4, 32), generator=g).float()
+    q4[..., 0], q4[..., 1] = 0, 15
+    w4 = (q4 * torch.rand(6, 4, 1, generator=g) * 0.1 + torch.randn(6, 4, 1, generator=g) * 0.1).view(6, 128)
+    q8 = torch.randint(-127, 128, (6, 4, 32), generator=g).float()
+    q8[..., 0] = 127
+    w8 = (q8 * torch.rand(6, 4, 1, generator=g) * 0.01).view(6, 128)
+    for w in (w4, w8):
+        torch.testing.assert_close(dequantize("int8-g32", w), w, atol=2e-7 * w.abs().max().item(), rtol=0)
+        assert (dequantize("int8", w) - w).abs().max() > 1e-4  # a scale per row cannot
+    q, scale, offset = quantize_int8_groups(w8)
+    assert not offset.any() and q.abs().amax().item() == 127  # Q8_0 groups stay symmetric
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32"])
+def test_dequantized_torch_path_computes_the_same_format(fmt):
     w, b, x = case(9, 33, 48)
-    torch.testing.assert_close(DequantizedLinear(w, b)(x), NativeLinear(w, b, "int8", torch.float32, 2)(x),
+    torch.testing.assert_close(DequantizedLinear(w, b, fmt)(x), NativeLinear(w, b, fmt, torch.float32, 2)(x),
                                atol=1e-3, rtol=1e-3)
 
 
@@ -118,6 +141,8 @@ def test_wrong_activation_dtype_is_refused():
     (torch.bfloat16, "int8", True, LinearFactory("native", "int8", 2)),
     (torch.float16, "int8", True, LinearFactory("dequantized", "int8")),  # the kernel takes no float16
     (torch.float32, "int8", False, LinearFactory("dequantized", "int8")),  # cpu_kernels="torch"
+    (torch.float32, "int8-g32", True, LinearFactory("native", "int8-g32", 2)),
+    (torch.float32, "int8-g32", False, LinearFactory("dequantized", "int8-g32")),
     (torch.bfloat16, "none", False, LinearFactory("torch")),
 ])
 def test_choice_of_projections(dtype, quantization, fast, expected):
@@ -137,5 +162,6 @@ def test_quantization_option_and_flag():
     add_engine_args(parser)
     assert engine_options(parser.parse_args([]))["quantization"] == "none"
     assert engine_options(parser.parse_args(["--quantization", "int8"]))["quantization"] == "int8"
+    assert engine_options(parser.parse_args(["--quantization", "int8-g32"]))["quantization"] == "int8-g32"
     with pytest.raises(ConfigError, match="quantization"):
         EngineConfig(quantization="int4")  # type: ignore[arg-type]

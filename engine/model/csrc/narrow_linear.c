@@ -36,6 +36,7 @@
 #define MR 3       /* activation rows per tile: NR * MR accumulators + MR activations + 1 weight = 16 registers */
 #define MC 48      /* activation rows per task when m > MR: they stay in L2 while the task runs */
 #define SPAN 4096  /* int32 lanes hold SPAN / 16 sums of two products of 127 * 32767 without overflow */
+#define GROUP 32   /* columns per scale and offset of grouped int8 weights */
 #define I16_MAX 32767.f
 #ifndef PREFETCH
 #define PREFETCH 2048 /* bytes ahead in a thread's weight stream: 12.6 -> 18-19 GB/s of int8 on 2 Zen cores */
@@ -50,6 +51,11 @@ typedef struct {
     const float *bias;  /* [n] or NULL */
     int64_t n, k, n_padded, k_padded;
     int32_t weight_kind, activation_bf16;
+    /* int8 in groups of GROUP columns (groups = k_padded / GROUP, else 0): w = q * scale_g + offset_g.
+     * group_scale is [n_padded / NR][groups][NR] (a tile reads its rows' scales in one stream),
+     * group_offset [n_padded][groups]. */
+    const float *group_scale, *group_offset;
+    int64_t groups;
 } narrow_linear;
 
 static inline float bf16_to_f32(uint16_t h) {
@@ -211,8 +217,52 @@ static inline __attribute__((always_inline)) void int_tile(const int16_t *x, int
 #endif
 }
 
+/* Grouped int8: out[m][r] = sum_g scale[g][r] * sum_{i in g} x[m][i] * q[r][i] (offsets come later).
+ * Each group's integer sum is exact; the sums over groups are float32, in the same order for any m. */
+static inline __attribute__((always_inline)) void group_tile(const int16_t *x, int mr, const void *w, int kind,
+                                                             const float *scale, int64_t kp, float out[MR][NR]) {
+#ifdef RAYPD_AVX2
+    __m256 acc[MR][NR];
+    for (int m = 0; m < MR; m++)
+        for (int r = 0; r < NR; r++) acc[m][r] = _mm256_setzero_ps();
+    for (int64_t i = 0, g = 0; i < kp; i += GROUP, g++) {
+        if (kind == WEIGHT_I8) { /* a group of the tile is 2 lines of int8 */
+            _mm_prefetch((const char *)w + at(0, i) + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)w + at(0, i) + PREFETCH + 64, _MM_HINT_T0);
+        }
+        for (int r = 0; r < NR; r++) {
+            const __m256i w0 = iload_weight(w, kind, at(r, i)), w1 = iload_weight(w, kind, at(r, i + 16));
+            const __m256 sc = _mm256_set1_ps(scale[g * NR + r]);
+            for (int m = 0; m < mr; m++) {
+                const __m256i t = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + m * kp + i)), w0),
+                    _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + m * kp + i + 16)), w1));
+                acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[m][r]);
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int r = 0; r < NR; r++) out[m][r] = vsum(acc[m][r]);
+#else
+    for (int m = 0; m < mr; m++)
+        for (int r = 0; r < NR; r++) out[m][r] = 0.f;
+    for (int64_t i = 0, g = 0; i < kp; i += GROUP, g++)
+        for (int r = 0; r < NR; r++)
+            for (int m = 0; m < mr; m++) {
+                int64_t sum = 0;
+                for (int64_t j = i; j < i + GROUP; j++) sum += (int64_t)x[m * kp + j] * int_weight_at(w, kind, at(r, j));
+                out[m][r] += (float)sum * scale[g * NR + r];
+            }
+#endif
+}
+
 /* Row i of x as int16 (zero-padded to kp) and its scale: x[i, j] ~ q[j] * scale. */
-static void quantize_row(const narrow_linear *p, const void *x, int64_t i, int16_t *q, float *scale) {
+static void quantize_row(const narrow_linear *p, const void *x, int64_t i, int16_t *q, float *scale, float *group_sums) {
+    for (int64_t g = 0; g < p->groups; g++) { /* the offsets multiply sum_k x[k] over each group */
+        float sum = 0.f;
+        for (int64_t j = g * GROUP; j < (g + 1) * GROUP && j < p->k; j++) sum += activation_at(p, x, i * p->k + j);
+        group_sums[g] = sum;
+    }
     float amax = 0.f;
     for (int64_t j = 0; j < p->k; j++) {
         const float v = fabsf(activation_at(p, x, i * p->k + j));
@@ -243,6 +293,7 @@ typedef struct {
     const float *xf;       /* float path: [m, kp] activations */
     const int16_t *xq;     /* integer path: [m, kp] activations and their row scales */
     const float *xq_scale;
+    const float *group_sums; /* grouped int8: [m, groups] sums of x over each group */
     void *y;
 } job;
 
@@ -268,6 +319,12 @@ static void store(const job *j, int64_t row, int mr, int64_t col0, float out[MR]
     case 2: float_tile(x, 2, w, KIND, kp, out); break;      \
     default: float_tile(x, MR, w, KIND, kp, out); break;    \
     }
+#define GROUP_TILE(KIND)                                                \
+    switch (mr) {                                                       \
+    case 1: group_tile(xq, 1, w, KIND, scale, kp, out); break;         \
+    case 2: group_tile(xq, 2, w, KIND, scale, kp, out); break;         \
+    default: group_tile(xq, MR, w, KIND, scale, kp, out); break;       \
+    }
 #define INT_TILE(KIND)                                      \
     switch (mr) {                                           \
     case 1: int_tile(xq, 1, w, KIND, kp, sums); break;      \
@@ -279,7 +336,26 @@ static void store(const job *j, int64_t row, int mr, int64_t col0, float out[MR]
 static void tile(const job *j, int64_t row, int mr, int64_t col0, const void *w, int kind) {
     const int64_t kp = j->p->k_padded;
     float out[MR][NR];
-    if (kind == WEIGHT_I8 || kind == WEIGHT_I16) {
+    const narrow_linear *p = j->p;
+    if ((kind == WEIGHT_I8 || kind == WEIGHT_I16) && p->groups > 0) {
+        const int16_t *xq = j->xq + row * kp;
+        const float *scale = p->group_scale + (col0 / NR) * p->groups * NR;
+        if (kind == WEIGHT_I8) {
+            GROUP_TILE(WEIGHT_I8)
+        } else {
+            GROUP_TILE(WEIGHT_I16)
+        }
+        for (int m = 0; m < mr; m++) {
+            const float *sums = j->group_sums + (row + m) * p->groups;
+            for (int r = 0; r < NR; r++) {
+                const float *offset = p->group_offset + (col0 + r) * p->groups;
+                float zero_term = 0.f;
+#pragma omp simd reduction(+ : zero_term)
+                for (int64_t g = 0; g < p->groups; g++) zero_term += offset[g] * sums[g];
+                out[m][r] = out[m][r] * j->xq_scale[row + m] + zero_term;
+            }
+        }
+    } else if (kind == WEIGHT_I8 || kind == WEIGHT_I16) {
         const int16_t *xq = j->xq + row * kp;
         int64_t sums[MR][NR];
         if (kind == WEIGHT_I8) {
@@ -330,23 +406,26 @@ static int widen_weights(const narrow_linear *p, const void *w, void *buf) {
 int raypd_narrow_linear(const narrow_linear *p, const void *x, void *y, int64_t m, int num_threads) {
     const int64_t kp = p->k_padded, blocks = p->n_padded / NR;
     const int integer = p->weight_kind == WEIGHT_I8;
-    job j = {p, (const float *)x, NULL, NULL, y};
+    job j = {p, (const float *)x, NULL, NULL, NULL, y};
     int16_t *xq = NULL;
-    float *xq_scale = NULL, *xf = NULL;
+    float *xq_scale = NULL, *xf = NULL, *group_sums = NULL;
     /* The float path reads x in place when it already is float32 rows of kp. */
     const int prepare = integer || p->activation_bf16 || p->k != kp;
     if (integer) {
         xq = malloc(sizeof(int16_t) * (size_t)(m * kp));
         xq_scale = malloc(sizeof(float) * (size_t)m);
+        group_sums = malloc(sizeof(float) * (size_t)(m * (p->groups > 0 ? p->groups : 1)));
         j.xq = xq;
         j.xq_scale = xq_scale;
+        j.group_sums = group_sums;
     } else if (prepare) {
         xf = malloc(sizeof(float) * (size_t)(m * kp));
         j.xf = xf;
     }
-    if ((integer && (xq == NULL || xq_scale == NULL)) || (!integer && prepare && xf == NULL)) {
+    if ((integer && (xq == NULL || xq_scale == NULL || group_sums == NULL)) || (!integer && prepare && xf == NULL)) {
         free(xq);
         free(xq_scale);
+        free(group_sums);
         free(xf);
         return -2;
     }
@@ -358,7 +437,7 @@ int raypd_narrow_linear(const narrow_linear *p, const void *x, void *y, int64_t 
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < m; i++) {
                 if (integer)
-                    quantize_row(p, x, i, xq + i * kp, xq_scale + i);
+                    quantize_row(p, x, i, xq + i * kp, xq_scale + i, group_sums + i * p->groups);
                 else
                     widen_row(p, x, i, xf + i * kp);
             }
@@ -386,6 +465,7 @@ int raypd_narrow_linear(const narrow_linear *p, const void *x, void *y, int64_t 
     }
     free(xq);
     free(xq_scale);
+    free(group_sums);
     free(xf);
     return failed ? -2 : 0;
 }

@@ -1,5 +1,5 @@
 """The engine in bfloat16 and with int8 weights on CPU: every fast path on, greedy tokens against
-transformers (bf16 against transformers in bf16; int8 against the float32 reference). A different
+transformers (bf16 against transformers in bf16; int8 and int8-g32 against the float32 reference). A different
 precision changes near-ties, so the share of identical tokens is recorded (printed and attached to
 the test report as a property), not asserted to be 100%; what must hold is asserted: each first
 token, block accounting (conftest), and with int8 the same tokens in every scheduling mode."""
@@ -10,7 +10,7 @@ import torch
 
 from raypd.engine import SamplingParams
 from raypd.engine.model.native_linear import NativeLinear
-from tests.conftest import NEW_TOKENS
+from tests.conftest import NEW_TOKENS, hf_greedy
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 
@@ -35,21 +35,7 @@ def record(record_property, name: str, outputs, reference) -> None:
 
 @pytest.fixture(scope="module")
 def hf_bf16_reference(prompt_ids) -> list[list[int]]:
-    """Greedy continuations from transformers in bfloat16, as conftest's float32 reference."""
-    from transformers import AutoModelForCausalLM
-
-    from raypd.engine.model.source import default_model_path
-
-    path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16)
-    model.eval()
-    out = []
-    with torch.inference_mode():
-        for ids in prompt_ids:
-            gen = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=NEW_TOKENS, do_sample=False)
-            out.append(gen[0, len(ids):].tolist())
-    return out
+    return hf_greedy(prompt_ids, "bfloat16")
 
 
 def first_tokens_agree(outputs, reference) -> None:
@@ -68,25 +54,30 @@ def test_bf16_runs_every_fast_path_in_bf16(make_llm, prompt_ids, hf_bf16_referen
     first_tokens_agree(outputs, hf_bf16_reference)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_int8_weights_against_the_float32_reference(make_llm, prompt_ids, hf_reference, record_property, dtype):
-    llm = make_llm(quantization="int8", dtype=dtype)
+@pytest.mark.parametrize("quantization, dtype, bytes_per_weight", [
+    ("int8", "float32", 1.0), ("int8", "bfloat16", 1.0), ("int8-g32", "float32", 1.25)])
+def test_int8_weights_against_the_float32_reference(make_llm, prompt_ids, hf_reference, record_property,
+                                                    quantization, dtype, bytes_per_weight):
+    llm = make_llm(quantization=quantization, dtype=dtype)
     head = llm.engine.model.lm_head
-    assert isinstance(head, NativeLinear) and head.format == "int8"
-    assert head.nbytes < head.out_features * head.in_features * 1.1  # a quarter of float32's bytes
+    assert isinstance(head, NativeLinear) and head.format == quantization
+    assert head.nbytes < head.out_features * head.in_features * (bytes_per_weight + 0.05)
     outputs = llm.generate(prompt_ids, GREEDY)
-    record(record_property, f"int8_{dtype}_vs_transformers_fp32", outputs, hf_reference)
+    record(record_property, f"{quantization}_{dtype}_vs_transformers_fp32", outputs, hf_reference)
     first_tokens_agree(outputs, hf_reference)
 
 
-def test_int8_gives_the_same_tokens_in_every_scheduling_mode(make_llm, prompt_ids):
+@pytest.mark.parametrize("quantization", ["int8", "int8-g32"])
+def test_int8_gives_the_same_tokens_in_every_scheduling_mode(make_llm, prompt_ids, quantization):
     # Greedy output is a function of the prompt alone: one request at a time (no prefix cache),
     # then small prefill chunks over a warm prefix cache give what all prompts together gave. With
-    # int8 weights the projections' sums are exact integers, so batching cannot move them.
-    together = [o.token_ids for o in make_llm(quantization="int8").generate(prompt_ids, GREEDY)]
-    alone = make_llm(quantization="int8", enable_prefix_cache=False)
+    # int8 weights a row's projection is computed the same way whatever its batch (exact integer
+    # sums; int8-g32 adds its groups in one fixed order), so batching cannot move it.
+    together = [o.token_ids for o in make_llm(quantization=quantization).generate(prompt_ids, GREEDY)]
+    alone = make_llm(quantization=quantization, enable_prefix_cache=False)
     assert [alone.generate([ids], GREEDY)[0].token_ids for ids in prompt_ids] == together
-    chunked = make_llm(quantization="int8", chunked_prefill_size=32, max_num_batched_tokens=64, max_running_requests=4)
+    chunked = make_llm(quantization=quantization, chunked_prefill_size=32, max_num_batched_tokens=64,
+                       max_running_requests=4)
     chunked.generate(prompt_ids, GREEDY)
     again = chunked.generate(prompt_ids, GREEDY)
     assert [o.token_ids for o in again] == together
