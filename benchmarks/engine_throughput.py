@@ -1,16 +1,25 @@
-"""raypd's node engine vs Hugging Face transformers: output throughput and latency on one machine, one run.
+"""raypd's node engine vs Hugging Face transformers and llama.cpp's server: output throughput and latency
+on one machine, in one run.
 
-Both systems run the same float32 weights (the engine's converted Hugging Face folder) on the same
-seeded no-reuse workload (benchmarks/workloads.py), greedy, every request producing exactly max_tokens.
+Every system runs the same seeded no-reuse workload (benchmarks/workloads.py), greedy, every request
+producing exactly max_tokens. transformers runs the engine's float32 weights (its converted Hugging
+Face folder); llama.cpp runs the GGUF they come from (benchmarks/engine_llamacpp.py); raypd runs
+them in --dtype with --quantization.
 - raypd: closed loop, C requests in flight; a finished request is replaced by the next one. Each token
   is timestamped when step() returns it; a request's clock starts when it is added.
 - transformers: static batches of C requests, left-padded, model.generate(max_new_tokens = the batch's
   largest max_tokens). A StoppingCriteria timestamps every generation step; a request's tokens are its
   first max_tokens outputs and its clock starts when its batch starts. Throughput counts only those
   tokens, over the summed wall time of the batches.
+- llama.cpp: closed loop over HTTP, C client threads, one llama-server with C slots per level.
 Each raypd measurement uses a fresh engine, so the prefix cache holds nothing from earlier runs.
+--fp32-agreement also runs raypd in float32 without quantization at the highest concurrency and
+states how far every other system's greedy tokens agree with it (the reference the parity tests
+hold to transformers): the share of tokens before each request's first difference, and the share
+of requests identical throughout.
 
     python benchmarks/engine_throughput.py --concurrency 1,8,32 --json bench-results/engine_throughput.json
+    raypd bench engine --systems raypd,llamacpp --quantization int8-g32 --concurrency 1,32 --fp32-agreement
 """
 from __future__ import annotations
 
@@ -31,8 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from raypd.benchmarks.workloads import BenchRequest, no_reuse_workload
+from raypd.benchmarks.engine_llamacpp import LlamaCppPeer
+from raypd.benchmarks.workloads import BenchRequest, greedy_agreement, no_reuse_workload
 from raypd.engine import LLMEngine, SamplingParams
+from raypd.engine.model.quantization import QUANTIZATIONS
 from raypd.engine.model.source import resolve_model
 from raypd.engine.tokenizer import Tokenizer
 
@@ -65,7 +76,7 @@ def median_summary(reps: list[dict]) -> dict:
 def make_engine(args) -> LLMEngine:
     return LLMEngine(None, max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill_size=args.chunked_prefill_size,
                      max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads, dtype=args.dtype,
-                     cpu_kernels=args.cpu_kernels)
+                     cpu_kernels=args.cpu_kernels, quantization=args.quantization, device=args.device)
 
 
 def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
@@ -108,6 +119,18 @@ def fresh_engine(args) -> LLMEngine:
     eng = make_engine(args)
     warm_raypd(eng)
     return eng
+
+
+def fp32_agreement(args, work: list[BenchRequest], tokens: dict[str, list[list[int]]]) -> dict[str, tuple[float, float]]:
+    """Each system's greedy agreement with raypd in float32 without quantization, at the highest concurrency."""
+    if args.dtype == "float32" and args.quantization == "none" and "raypd" in tokens:
+        reference = tokens["raypd"]
+    else:
+        eng = fresh_engine(argparse.Namespace(**{**vars(args), "dtype": "float32", "quantization": "none"}))
+        recs, _ = run_raypd(eng, work, max(args.concurrency))
+        del eng
+        reference = [r["tokens"] for r in recs]
+    return {name: greedy_agreement(toks, reference) for name, toks in tokens.items()}
 
 
 # -- transformers ---------------------------------------------------------------------------------
@@ -216,15 +239,15 @@ def _ms(seconds: float) -> str:
 
 def print_table(results: dict, concs: list[int]) -> None:
     head = (f"{'C':>3} {'system':<7} {'out tok/s':>9} {'req/s':>6} {'TTFT mean':>9} {'TTFT p99':>9} "
-            f"{'TPOT mean':>9} {'TPOT p99':>9} {'E2E p50':>8} {'E2E p90':>8} {'E2E p99':>8}  raypd/hf")
+            f"{'TPOT mean':>9} {'TPOT p99':>9} {'E2E p50':>8} {'E2E p90':>8} {'E2E p99':>8}  raypd/peer")
     print(head + "\n" + "-" * len(head))
     for c in concs:
         for name in results:
             s = results[name].get(str(c))
             if s is None:
                 continue
-            ratio = f"  {s['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in s else ""
-            print(f"{c:>3} {name:<7} {s['output_tok_s']:9.1f} {s['req_s']:6.2f} {_ms(s['ttft_mean_s']):>9} "
+            ratio = "".join(f"  {s[k]:.2f}x vs {k.removeprefix('ratio_vs_')}" for k in s if k.startswith("ratio_vs_"))
+            print(f"{c:>3} {name:<8} {s['output_tok_s']:9.1f} {s['req_s']:6.2f} {_ms(s['ttft_mean_s']):>9} "
                   f"{_ms(s['ttft_p99_s']):>9} {_ms(s['tpot_mean_s']):>9} {_ms(s['tpot_p99_s']):>9} "
                   f"{s['e2e_p50_s']:7.2f}s {s['e2e_p90_s']:7.2f}s "
                   f"{s['e2e_p99_s']:7.2f}s{ratio}")
@@ -248,12 +271,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    ap.add_argument("--systems", type=lambda s: s.split(","), default=["raypd", "hf"])
+    ap.add_argument("--systems", type=lambda s: s.split(","), default=["raypd", "hf"],
+                    help="any of raypd, hf (transformers) and llamacpp (llama.cpp's llama-server), comma-separated")
     ap.add_argument("--max-tokens-range", type=int_pair, default=(16, 256))
     ap.add_argument("--prompt-len-range", type=int_pair, default=(20, 400))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="raypd only; hf is float32")
+    ap.add_argument("--quantization", choices=list(QUANTIZATIONS), default="none",
+                    help="raypd's weight format (EngineConfig.quantization); int8-g32 holds a GGUF's Q4/Q8 groups exactly")
+    ap.add_argument("--device", default="auto", help="raypd's device (auto, cpu, cuda, cuda:N); hf runs on the CPU")
+    ap.add_argument("--fp32-agreement", action="store_true",
+                    help="also run raypd in float32 unquantized and report each system's greedy agreement with it")
+    ap.add_argument("--llamacpp-server", type=Path, help="llama-server binary (default: a cached build, else build one)")
     ap.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
                     help="raypd's CPU fast paths; torch measures the plain-torch path")
     ap.add_argument("--repeats", type=int, default=1, help="runs per system and level; the report quotes medians")
@@ -263,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--profile", type=Path, help="also run raypd once at the highest concurrency under cProfile; "
                     "writes the raw profile to PATH, the summary to stdout and --json")
     args = ap.parse_args(argv)
-    if unknown := set(args.systems) - {"raypd", "hf"}:
+    if unknown := set(args.systems) - {"raypd", "hf", "llamacpp"}:
         ap.error(f"unknown systems {sorted(unknown)}")
     torch.set_num_threads(args.threads)
 
@@ -273,15 +303,23 @@ def main(argv: list[str] | None = None) -> dict:
     info = machine_info()
     print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} ({args.threads} threads), "
           f"transformers {info['transformers']}; {len(work)} requests, prompts {args.prompt_len_range}, "
-          f"max_tokens {args.max_tokens_range}, seed {args.seed}, raypd dtype {args.dtype}; "
+          f"max_tokens {args.max_tokens_range}, seed {args.seed}, raypd dtype {args.dtype} "
+          f"quantization {args.quantization} device {args.device}; "
           f"load average {info['loadavg'][0]:.2f} at start")
 
     hf: tuple[Any, Any] | None = None
     if "hf" in args.systems:
         hf = load_hf(model_dir)
         run_hf(*hf, [BenchRequest("warmup", hf[1].encode(WARMUP_TEXT), 8)], 1)
+    llamacpp = None
+    if "llamacpp" in args.systems:
+        llamacpp = LlamaCppPeer(args.threads, args.llamacpp_server, None,
+                                args.prompt_len_range[1] + args.max_tokens_range[1] + 64)
+        info["llamacpp"] = f"{llamacpp.server}: {llamacpp.version()}"
+        print(f"llama.cpp: {info['llamacpp']}, -t {args.threads}, --parallel = C, cache_prompt off")
     reps: dict[str, dict[str, list[dict]]] = {s: {} for s in args.systems}
     match: dict[str, float] = {}
+    tokens: dict[str, list[list[int]]] = {}  # each system's greedy tokens at the highest concurrency
     for c in args.concurrency:
         for rep in range(args.repeats):
             outs = {}
@@ -297,25 +335,37 @@ def main(argv: list[str] | None = None) -> dict:
                 recs, wall = run_hf(*hf, work, c)
                 reps["hf"].setdefault(str(c), []).append(summarize(recs, wall))
                 outs["hf"] = recs
-            if len(outs) == 2 and rep == 0:  # same greedy tokens? (left padding/batching may flip near-ties)
+            if llamacpp is not None:
+                recs, wall = llamacpp.run(work, c)
+                reps["llamacpp"].setdefault(str(c), []).append(summarize(recs, wall))
+                outs["llamacpp"] = recs
+            if c == max(args.concurrency) and rep == 0:
+                tokens |= {n: [r["tokens"] for r in recs] for n, recs in outs.items()}
+            if "raypd" in outs and "hf" in outs and rep == 0:  # same greedy tokens? (padding/batching may flip near-ties)
                 same = [a["tokens"] == b["tokens"] for a, b in zip(outs["raypd"], outs["hf"])]
                 match[str(c)] = sum(same) / len(same)
             print(f"  C={c} run {rep + 1}/{args.repeats}: " + ", ".join(
                 f"{n} {reps[n][str(c)][-1]['output_tok_s']:.1f} tok/s" for n in outs), flush=True)
 
     results = {n: {c: median_summary(v) for c, v in per.items()} for n, per in reps.items()}
-    if "raypd" in results and "hf" in results:
-        for c, s in results["raypd"].items():
-            s["ratio_vs_hf"] = s["output_tok_s"] / results["hf"][c]["output_tok_s"]
-            s["hf_identical_tokens_frac"] = match.get(c)
+    for peer in ("hf", "llamacpp"):
+        for c, s in results.get("raypd", {}).items() if peer in results else ():
+            s[f"ratio_vs_{peer}"] = s["output_tok_s"] / results[peer][c]["output_tok_s"]
+    for c, s in results.get("raypd", {}).items() if "hf" in results else ():
+        s["hf_identical_tokens_frac"] = match.get(c)
+    agreement = fp32_agreement(args, work, tokens) if args.fp32_agreement else {}
     print()
     print_table(results, args.concurrency)
     if match:
         print("requests whose raypd and hf tokens are identical: "
               + ", ".join(f"C={c}: {100 * f:.0f}%" for c, f in match.items()))
+    for name, (tok_share, req_share) in agreement.items():
+        print(f"{name} against raypd float32 (C={max(args.concurrency)}): {tok_share:.1%} of greedy tokens "
+              f"before the first difference, {req_share:.1%} of requests identical")
 
     report: dict[str, Any] = {"command": shlex.join([sys.executable, *sys.argv]), "args": {k: (str(v) if isinstance(v, Path) else v)
               for k, v in vars(args).items()}, "machine": info, "results": results, "repeats": reps,
+              "fp32_agreement": {n: {"token_share": t, "request_share": r} for n, (t, r) in agreement.items()},
               "workload": {"prompt_tokens": sum(len(r.prompt_token_ids) for r in work),
                            "output_tokens": sum(r.max_tokens for r in work)}}
     if args.profile:

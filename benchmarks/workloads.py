@@ -106,3 +106,15 @@ def no_reuse_workload(encode: Callable[[str], list[int]], num_requests: int, pro
         ids = encode(english_text(rng, min_words=n))  # a word is >= 1 token, so this is long enough
         out.append(BenchRequest(f"req-{i}", ids[:n], m))
     return out
+
+
+def greedy_agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+    """How far greedy outputs agree with a reference, request by request: (share of tokens before each
+    request's first difference, share of requests identical throughout)."""
+    same = total = whole = 0
+    for out, ref in zip(outputs, reference, strict=True):
+        n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+        same += n
+        total += max(len(out), len(ref))
+        whole += out == ref
+    return same / total, whole / len(outputs)

@@ -15,6 +15,7 @@ from dataclasses import fields
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 
+from raypd.cluster.launch.gpu_budget import cluster_gpus
 from raypd.cluster.openai.api_errors import RETRY_AFTER_S
 from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 from raypd.cluster.serve.ingress import OpenAIIngress
@@ -31,7 +32,7 @@ def build_serve_app(config: ServeConfig) -> Application:
     # Serve's limits sit above the gate's (which answers 429 with an OpenAI body), so Serve's own
     # back-pressure only ever meets a flood the gate cannot answer fast enough; then it answers 429
     # with Retry-After too, never its default 503.
-    ongoing, queued = config.admission_limits()
+    ongoing, queued = config.admission_limits(cluster_gpus())
     serve_limit = ongoing + queued + SERVE_HEADROOM
     ingress = OpenAIIngress.options(  # type: ignore[attr-defined]
         num_replicas=config.ingress_replicas, ray_actor_options={"num_cpus": config.ingress_cpus},

@@ -10,7 +10,10 @@
                                             fds and threads, blocks held after the drain
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
-    raypd bench engine --json out.json      single-engine throughput vs transformers
+    raypd bench engine --json out.json      single-engine throughput vs transformers (and llama.cpp's
+                                            server: --systems raypd,hf,llamacpp)
+    raypd bench gpu-smoke --json out.json   on a GPU host: versions, the engine on CUDA against the CPU,
+                                            bench engine --device cuda, a 1P+1D generate --mode pd
     raypd bench routing ...                 Conductor policies on a replayed trace (simulator)
     raypd bench conductor ...               Conductor decision latency at scale
     raypd bench conductor-failover ...      how fast a killed Conductor routes again and regains its hit rate
@@ -27,7 +30,7 @@ BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmark
               "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead",
               "serve": "raypd.benchmarks.serve.main", "chaos": "raypd.benchmarks.chaos.main",
               "conductor-failover": "raypd.benchmarks.conductor_failover", "soak": "raypd.benchmarks.soak.main",
-              "hostile": "raypd.benchmarks.ingress_hostile"}
+              "hostile": "raypd.benchmarks.ingress_hostile", "gpu-smoke": "raypd.benchmarks.gpu_smoke"}
 
 
 def add_bench_parser(sub) -> None:

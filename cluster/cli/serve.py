@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from raypd.cluster.cli.engine_args import add_engine_args, engine_options
 from raypd.cluster.cli.transfer_args import add_transfer_args, transfer_options
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.launch.gpu_budget import cluster_gpus
 from raypd.cluster.launch.ray_init import init_ray, reason
 
 if TYPE_CHECKING:  # it imports Ray, which the command line loads only once it starts serving
@@ -186,7 +187,7 @@ class Server:
         layout = (f"{self.config.mixed_nodes} mixed" if self.config.mixed_nodes else
                   f"{self.config.prefill_nodes} prefill + {self.config.decode_nodes} decode")
         log.info("nodes: %s (%s); policy %s", ", ".join(n.name for n in self.nodes), layout, self.config.policy)
-        ongoing, queued = self.config.admission_limits()
+        ongoing, queued = self.config.admission_limits(cluster_gpus())
         slo = f"TTFT <= {self.config.ttft_slo_s:g} s" if self.config.ttft_slo_s else "off"
         log.info("back-pressure (429 beyond): %d requests in progress + %d queued per ingress replica; "
                  "SLO admission %s", ongoing, queued, slo)

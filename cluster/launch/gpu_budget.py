@@ -32,3 +32,9 @@ def gpus_per_node(requested: float | None, cluster_gpus: float) -> float:
     if requested is not None:
         return requested
     return MAX_GPUS_PER_NODE if cluster_gpus > 0 else 0.0
+
+
+def cluster_gpus() -> float:
+    """The GPUs the connected Ray cluster reports (0 when Ray is not initialized here)."""
+    import ray
+    return float(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else 0.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from raypd.cluster.launch.gpu_budget import GpuBudgetError, check_gpus_per_node
+from raypd.cluster.launch.gpu_budget import GpuBudgetError, check_gpus_per_node, gpus_per_node
 from raypd.cluster.launch.local_cluster import ClusterSpec
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import SECRET_ENV, DataPlaneSecret, data_plane_secret_from_env
@@ -147,14 +147,20 @@ class ServeConfig:
         path = Path(self.model)
         return path.stem if path.suffix == ".gguf" else path.name
 
-    def admission_limits(self) -> tuple[int, int]:
+    def admission_limits(self, cluster_gpus: float = 0.0) -> tuple[int, int]:
         """(max_ongoing, max_queued) of one ingress replica. Unset, max_ongoing is what the decode
-        (or mixed) nodes hold - max_running_requests running plus max_waiting_requests waiting each -
-        shared among the replicas, and max_queued the same again waiting at the ingress."""
+        (or mixed) nodes hold - max_running_requests running plus max_waiting_requests waiting each,
+        by the batch defaults of the nodes' device kind - shared among the replicas, and max_queued
+        the same again waiting at the ingress. cluster_gpus: what the Ray cluster reports, which
+        decides where nodes with the default device and --gpus-per-node run."""
         from raypd.engine.config import EngineConfig  # the engine's defaults are the one source
+        from raypd.engine.device import BATCH_DEFAULTS
 
+        device = str(self.engine_options.get("device", "auto"))
+        on_gpu = device.startswith("cuda") or (
+            device == "auto" and gpus_per_node(self.gpus_per_node, cluster_gpus) > 0)
         try:
-            engine = EngineConfig(**self.engine_options)
+            engine = EngineConfig(**(BATCH_DEFAULTS["cuda" if on_gpu else "cpu"] | self.engine_options))
         except Exception as e:  # noqa: BLE001 - unknown option (TypeError) or bad value (ConfigError)
             raise ServeConfigError(f"engine options: {e}") from None
         held = (self.decode_nodes + self.mixed_nodes) * (engine.max_running_requests + engine.waiting_limit)

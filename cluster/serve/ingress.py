@@ -14,6 +14,7 @@ from raypd.cluster.client.breaker import CircuitBreaker
 from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.request_driver import RequestDriver
+from raypd.cluster.launch.gpu_budget import cluster_gpus
 from raypd.cluster.openai.params import ModelLimits
 from raypd.cluster.serve.admission import AdmissionGate
 from raypd.cluster.serve.app import build_app
@@ -61,7 +62,7 @@ class OpenAIIngress:
         generator = Generator(driver, router, tokenizer.hf, retry_limit=config.retry_limit,
                               migration_limit=config.migration_limit, breaker=breaker)
         self.service = OpenAIService(tokenizer, limits, generator, self.node_set)
-        self.gate = AdmissionGate(*config.admission_limits())
+        self.gate = AdmissionGate(*config.admission_limits(cluster_gpus()))
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):

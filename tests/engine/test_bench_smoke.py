@@ -26,3 +26,33 @@ def test_engine_benchmark_reports_both_systems(tmp_path):
         assert {"ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s"} <= s.keys()
     assert raypd["ratio_vs_hf"] == raypd["output_tok_s"] / hf["output_tok_s"]
     assert raypd["hf_identical_tokens_frac"] == 1.0  # greedy, float32: the same tokens
+
+
+def test_engine_benchmark_against_llamacpp_with_fp32_agreement(tmp_path):
+    # llama-server from the same find-or-build function `raypd bench serve` uses (tests/bench_serve
+    # builds it first in a clean clone); raypd with int8-g32 weights, so the float32 reference is a
+    # separate run.
+    import psutil
+
+    from raypd.benchmarks.serve.llamacpp_build import find_or_build_llama_server
+
+    binary = find_or_build_llama_server()
+    before = {p.pid for p in psutil.process_iter()}
+    out = tmp_path / "engine.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_throughput.py"), "--num-requests", "4",
+                    "--concurrency", "1,2", "--max-tokens-range", "4,8", "--prompt-len-range", "20,40",
+                    "--systems", "raypd,llamacpp", "--llamacpp-server", str(binary), "--quantization", "int8-g32",
+                    "--fp32-agreement", "--json", str(out)], check=True, timeout=900, capture_output=True)
+    report = json.loads(out.read_text())
+    assert report["args"]["quantization"] == "int8-g32" and "llama-server" in report["machine"]["llamacpp"]
+    for c in ("1", "2"):
+        raypd, peer = report["results"]["raypd"][c], report["results"]["llamacpp"][c]
+        assert peer["output_tokens"] == raypd["output_tokens"] and peer["ttft_p99_s"] > 0
+        assert raypd["ratio_vs_llamacpp"] == raypd["output_tok_s"] / peer["output_tok_s"]
+    agreement = report["fp32_agreement"]
+    assert set(agreement) == {"raypd", "llamacpp"}
+    for a in agreement.values():
+        assert 0 <= a["request_share"] <= 1 and 0 <= a["token_share"] <= 1
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+            and "llama-server" in " ".join(p.info["cmdline"] or [])]
+    assert not left, left

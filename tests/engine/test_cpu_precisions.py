@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from raypd.benchmarks.workloads import greedy_agreement
 from raypd.engine import SamplingParams
 from raypd.engine.model.native_linear import NativeLinear
 from tests.conftest import NEW_TOKENS, hf_greedy
@@ -15,19 +16,8 @@ from tests.conftest import NEW_TOKENS, hf_greedy
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 
 
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
-    """(share of tokens before each request's first difference, share of requests identical throughout)."""
-    same = total = whole = 0
-    for out, ref in zip(outputs, reference, strict=True):
-        n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
-        same += n
-        total += max(len(out), len(ref))
-        whole += out == ref
-    return same / total, whole / len(outputs)
-
-
 def record(record_property, name: str, outputs, reference) -> None:
-    tokens, requests = agreement([o.token_ids for o in outputs], reference)
+    tokens, requests = greedy_agreement([o.token_ids for o in outputs], reference)
     record_property(f"{name}_identical_token_share", round(tokens, 4))
     record_property(f"{name}_identical_request_share", round(requests, 4))
     print(f"{name}: {tokens:.1%} of greedy tokens identical to the reference, {requests:.1%} of requests")

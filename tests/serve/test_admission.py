@@ -242,6 +242,11 @@ def test_admission_limits_derive_from_what_the_nodes_hold():
                       engine_options={"max_running_requests": 8, "max_waiting_requests": 2})
     assert cfg.admission_limits() == (15, 15)                  # 3 x (8 + 2) over 2 replicas, rounded up
     assert ServeConfig(max_ongoing_requests=4, max_queued_requests=0).admission_limits() == (4, 0)
+    # Nodes on GPUs hold what the CUDA batch defaults let them (256 running + as many waiting).
+    assert ServeConfig().admission_limits(cluster_gpus=8) == (512, 512)
+    assert ServeConfig(engine_options={"device": "cuda"}).admission_limits() == (512, 512)
+    assert ServeConfig(gpus_per_node=0).admission_limits(cluster_gpus=8) == (128, 128)
+    assert ServeConfig(engine_options={"device": "cpu"}).admission_limits(cluster_gpus=8) == (128, 128)
     assert ServeConfig(ttft_slo_s=0.5).cluster_spec().conductor_options == {"ttft_slo_s": 0.5}
     assert ServeConfig().cluster_spec().conductor_options == {}
 

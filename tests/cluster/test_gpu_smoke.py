@@ -1,0 +1,45 @@
+"""`raypd bench gpu-smoke` on this CPU-only host: without CUDA it stops after the environment step
+with a clear reason and exit status 2; with `--device cpu --quick` every step runs for real (the
+engine, `raypd bench engine`, a 1P+1D `raypd generate --mode pd` on Ray) and leaves no process."""
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+import torch
+
+from raypd.benchmarks.gpu_smoke import main
+
+pytestmark = pytest.mark.cluster  # the rehearsal starts Ray and subprocesses
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the missing-GPU answer needs a host without CUDA")
+def test_without_a_gpu_it_says_why_and_exits_2(tmp_path, capsys):
+    out = tmp_path / "smoke.json"
+    assert main(["--json", str(out)]) == 2
+    report = json.loads(out.read_text())
+    env = report["steps"][0]
+    assert [s["name"] for s in report["steps"]] == ["environment"] and not report["passed"]
+    assert "no CUDA device" in env["error"] and env["result"]["versions"]["torch"] == torch.__version__
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_every_step_runs_on_the_cpu(tmp_path):
+    before = {p.pid for p in psutil.process_iter()}
+    out = tmp_path / "smoke.json"
+    code = main(["--device", "cpu", "--quick", "--max-tokens", "8", "--json", str(out)])
+    report = json.loads(out.read_text())
+    steps = {s["name"]: s for s in report["steps"]}
+    assert code == 0 and report["passed"], [s["error"] for s in report["steps"] if not s["ok"]]
+    assert list(steps) == ["environment", "engine", "bench-engine", "generate-pd"]
+    # On the CPU, float32 is the reference itself and dtype auto is float32: identical tokens.
+    for dtype in ("auto", "float32"):
+        assert steps["engine"]["result"][dtype]["identical_token_share"] == 1.0
+    assert set(steps["bench-engine"]["result"]) == {"C=1", "C=32"}
+    assert steps["bench-engine"]["result"]["C=1"]["output_tok_s"] > 0
+    # PD over Ray gives the single engine's greedy tokens (the PD parity invariant).
+    assert steps["generate-pd"]["result"]["identical_to_engine_step"] == {"token_share": 1.0, "requests": 1.0}
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+            and any(x in " ".join(p.info["cmdline"] or []) for x in ("raypd", "ray::", "raylet", "gcs_server"))]
+    assert not left, left
