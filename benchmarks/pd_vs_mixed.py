@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--burst-len", type=int, default=1024)
     ap.add_argument("--burst-tokens", type=int, default=8)
     ap.add_argument("--cpus-per-node", type=float, default=1.0)
-    ap.add_argument("--systems", default="pd,mixed")
+    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, pd-srpt, mixed-srpt")
     ap.add_argument("--transfer-backend", default="nixl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
@@ -188,8 +188,14 @@ def main(argv: list[str] | None = None) -> dict:
     wl = Workload(Tokenizer(resolve_model(None)), args)
     common = dict(cpus_per_node=args.cpus_per_node, engine_options={"num_blocks": 2048},
                   transfer_options={"backend": args.transfer_backend})
+    srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
-             "mixed": ClusterSpec(mixed_nodes=2, **common)}
+             "mixed": ClusterSpec(mixed_nodes=2, **common),
+             # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
+             "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),
+             "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt)}
+    if unknown := set(args.systems.split(",")) - specs.keys():
+        ap.error(f"unknown systems {sorted(unknown)}; known: {', '.join(specs)}")
     results = [run_system(s, specs[s], wl, args) for s in args.systems.split(",")]
     report = {"benchmark": "pd_vs_mixed", "machine": f"{platform.processor() or platform.machine()}, "
               f"{__import__('os').cpu_count()} cores", "args": vars(args) | {"json": str(args.json)}, "results": results}

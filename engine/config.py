@@ -23,7 +23,10 @@ class EngineConfig:
     # in this engine's waiting queue). The next one is refused at once (the ingress answers 429).
     # None: max_running_requests.
     max_waiting_requests: int | None = None
-    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    # Order of prompts at admission (engine/scheduler.py): fcfs, lpm (longest cached prefix first) or
+    # srpt (shortest remaining prompt first, aged by srpt_aging_tokens_per_s per second waited).
+    schedule_policy: Literal["fcfs", "lpm", "srpt"] = "fcfs"
+    srpt_aging_tokens_per_s: float = 256.0
     enable_prefix_cache: bool = True
     # engine/device.py: "auto" is float32 on CPU (the parity reference) and bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -57,8 +60,10 @@ class EngineConfig:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ConfigError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
-        if self.schedule_policy not in ("fcfs", "lpm"):
-            raise ConfigError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+        if self.schedule_policy not in ("fcfs", "lpm", "srpt"):
+            raise ConfigError(f"schedule_policy must be 'fcfs', 'lpm' or 'srpt', got {self.schedule_policy!r}")
+        if not self.srpt_aging_tokens_per_s > 0:
+            raise ConfigError(f"srpt_aging_tokens_per_s must be > 0, got {self.srpt_aging_tokens_per_s}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:

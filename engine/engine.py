@@ -111,6 +111,7 @@ class LLMEngine:
             block_size=cfg.block_size, max_num_batched_tokens=cfg.max_num_batched_tokens,
             chunked_prefill_size=cfg.chunked_prefill_size, max_running_requests=cfg.max_running_requests,
             schedule_policy=cfg.schedule_policy, enable_prefix_cache=cfg.enable_prefix_cache,
+            srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
         self.decode_kernel = self._decode_kernel(cfg, mc)

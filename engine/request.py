@@ -17,6 +17,7 @@ the tokens it had produced, so its output continues exactly where it stopped.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ class Request:
     num_retractions: int = 0
     prefill_only: bool = False  # stop after the first token and hold the KV (PD prefill node)
     first_scheduled_at: float | None = None  # time.time() of first admission (PD timing breakdown)
+    queued_at: float = field(default_factory=time.monotonic)  # when it reached the node (srpt's aging)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

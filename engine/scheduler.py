@@ -11,6 +11,11 @@ One step, in order:
    budget, the running-request cap and memory allow. Admission keeps room for the future tokens of
    everything running: `new_token_ratio` x their remaining max_tokens, a ratio that decays each
    step and jumps back up after a retraction (SGLang's estimate).
+   With `srpt` (shortest remaining prompt first), steps 1 and 2 merge after the decodes: prompts
+   being prefilled and waiting ones take the budget in order of their uncomputed prompt tokens
+   (less a cached prefix), each less `srpt_aging_tokens_per_s` x the seconds since it reached the
+   node. A 64-token prompt then starts at the next step instead of after every 1024-token prompt
+   ahead of it, and aging bounds how long a long prompt can be passed over.
 Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
 mixes decode tokens with prefill chunks (continuous batching).
 """
@@ -32,8 +37,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     chunked_prefill_size: int = 256  # <= 0: never split a prompt
     max_running_requests: int = 64
-    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    schedule_policy: Literal["fcfs", "lpm", "srpt"] = "fcfs"
     enable_prefix_cache: bool = True
+    srpt_aging_tokens_per_s: float = 256.0
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
@@ -122,30 +128,78 @@ class Scheduler:
         retracted: list[Request] = []
 
         # Decodes before chunked prefills so a long prompt never starves token generation.
-        for req in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens != 1):
-            if req not in self.running:  # retracted earlier in this loop
-                continue
-            n = self._chunk(req, budget)
-            if n <= 0:
-                continue
-            while not self._make_room(self._blocks_needed(req, n)):
-                victim = self.running[-1]
-                if victim in scheduled:
-                    budget += scheduled.pop(victim).num_tokens
-                    self._undo_growth(victim)
-                self._retract(victim)
-                retracted.append(victim)
-                if victim is req:
-                    break
-            else:
-                self._grow(req, n)
-                scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
-                budget -= n
-
-        if not retracted:
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
+        srpt = cfg.schedule_policy == "srpt"
+        for req in decodes if srpt else decodes + prefills:
+            budget = self._run(req, budget, scheduled, retracted)
+        if srpt:
+            budget = self._shortest_first(prefills, budget, scheduled, retracted)
+        elif not retracted:
             budget = self._admit(budget, scheduled)
         self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
         return ScheduledBatch(items=list(scheduled.values()), retracted=retracted)
+
+    def _run(self, req: Request, budget: int, scheduled: dict[Request, ScheduledRequest],
+             retracted: list[Request]) -> int:
+        """Schedule a running request's next tokens, retracting the newest running ones while the
+        pool is dry (possibly `req` itself); the budget left."""
+        if req not in self.running:  # retracted earlier in this step
+            return budget
+        n = self._chunk(req, budget)
+        if n <= 0:
+            return budget
+        while not self._make_room(self._blocks_needed(req, n)):
+            victim = self.running[-1]
+            if victim in scheduled:
+                budget += scheduled.pop(victim).num_tokens
+                self._undo_growth(victim)
+            self._retract(victim)
+            retracted.append(victim)
+            if victim is req:
+                return budget
+        self._grow(req, n)
+        scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
+        return budget - n
+
+    def _shortest_first(self, prefills: list[Request], budget: int, scheduled: dict[Request, ScheduledRequest],
+                        retracted: list[Request]) -> int:
+        """srpt: running prefills and waiting prompts take the budget in order of aged remaining work.
+        Admission stops at the first waiting prompt that cannot start (as in _admit, so the order
+        holds) and after any retraction; running prefills go on being scheduled."""
+        key = self._srpt_keys(prefills)
+        running = sorted(prefills, key=key.__getitem__)
+        self.waiting = deque(sorted(self.waiting, key=key.__getitem__))  # stable: ties keep arrival order
+        i, admitting = 0, not retracted
+        while budget > 0:
+            can_admit = admitting and bool(self.waiting)
+            if i < len(running) and (not can_admit or key[running[i]] <= key[self.waiting[0]]):
+                budget = self._run(running[i], budget, scheduled, retracted)
+                i += 1
+                admitting = admitting and not retracted
+            elif can_admit:
+                left = self._admit_one(budget, scheduled)
+                if left is None:
+                    admitting = False
+                else:
+                    budget = left
+            else:
+                break
+        return budget
+
+    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, float]:
+        """Each prompt's uncomputed tokens (a waiting one's cached prefix counted as computed, when
+        the queue is short enough to look it up) less its aging credit."""
+        cfg = self.config
+        now, bs = time.monotonic(), cfg.block_size
+        look_up = cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
+        keys = {}
+        for r in [*prefills, *self.waiting]:
+            todo = r.num_tokens - r.num_computed_tokens
+            if look_up and r.status == RequestStatus.WAITING and r.prefix_node is None:
+                todo -= self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks * bs
+            keys[r] = todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at)
+        return keys
 
     def update(self, batch: ScheduledBatch) -> None:
         """Account the KV computed by `batch`; the caller appends sampled tokens afterwards."""
@@ -158,33 +212,42 @@ class Scheduler:
 
     # -- admission ------------------------------------------------------------------------------
     def _admit(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int:
-        cfg = self.config
         self._sort_waiting()
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_running_requests:
-            req = self.waiting[0]
-            self._match_prefix(req)
-            n = self._chunk(req, budget)
-            # With chunking off a prompt may exceed the budget, but only as the step's only work.
-            if n <= 0 or (n > budget and scheduled):
-                self._drop_prefix(req)
+        while self.waiting and budget > 0:
+            left = self._admit_one(budget, scheduled)
+            if left is None:
                 break
-            need = self._blocks_needed(req, n)
-            # Alone, a request always fits (checked when it was added), so it needs no headroom.
-            headroom = self._reserved_blocks(self.running + [req]) if self.running else 0
-            if self.allocator.num_free + self.cache.num_evictable_blocks - need < headroom \
-                    or not self._make_room(need):
-                self._drop_prefix(req)
-                break
-            self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            if req.num_cached_tokens is None:
-                req.num_cached_tokens = req.num_computed_tokens
-                req.first_scheduled_at = time.time()
-            self.running.append(req)
-            self._grow(req, n)
-            scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
-            budget -= n
+            budget = left
         return budget
+
+    def _admit_one(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int | None:
+        """Start the head of the waiting queue with up to `budget` tokens: the budget left, or None
+        when it cannot start now (no budget, running cap, memory or headroom)."""
+        if len(self.running) >= self.config.max_running_requests:
+            return None
+        req = self.waiting[0]
+        self._match_prefix(req)
+        n = self._chunk(req, budget)
+        # With chunking off a prompt may exceed the budget, but only as the step's only work.
+        if n <= 0 or (n > budget and scheduled):
+            self._drop_prefix(req)
+            return None
+        need = self._blocks_needed(req, n)
+        # Alone, a request always fits (checked when it was added), so it needs no headroom.
+        headroom = self._reserved_blocks(self.running + [req]) if self.running else 0
+        if self.allocator.num_free + self.cache.num_evictable_blocks - need < headroom \
+                or not self._make_room(need):
+            self._drop_prefix(req)
+            return None
+        self.waiting.popleft()
+        req.status = RequestStatus.RUNNING
+        if req.num_cached_tokens is None:
+            req.num_cached_tokens = req.num_computed_tokens
+            req.first_scheduled_at = time.time()
+        self.running.append(req)
+        self._grow(req, n)
+        scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
+        return budget - n
 
     def _sort_waiting(self) -> None:
         cfg = self.config

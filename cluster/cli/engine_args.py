@@ -23,7 +23,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--max-waiting-requests", type=int, default=None,
                    help="per node: requests waiting to run beyond which it refuses new ones at once "
                         "(HTTP 429); default: --max-running-requests")
-    e.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs")
+    e.add_argument("--schedule-policy", choices=["fcfs", "lpm", "srpt"], default="fcfs",
+                   help="order of prompts at admission: first come first served, longest cached prefix first, or "
+                        "shortest remaining prompt first (aged, so long prompts are not starved)")
     e.add_argument("--no-prefix-cache", action="store_true")
     e.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="auto: float32 on CPU, bfloat16 on CUDA")

@@ -116,13 +116,14 @@ def test_chart_lints_clean_with_data_plane_values(values):
 
 def test_engine_values_become_engine_options_merged_with_the_others(render):
     args = render({"engine": {"dtype": "float16", "gpuMemoryUtilization": 1, "kvCacheMemoryMb": 512,
-                              "quantization": "int8"},
+                              "quantization": "int8", "schedulePolicy": "srpt"},
                    "serve": {"admission": {"maxWaitingRequests": 8},
                              "extraArgs": {"engine_options": {"max_running_requests": 16, "dtype": "float32"}}}}
                   ).app_args
     # The chart's own values win over extraArgs on a clash; the rest of extraArgs passes through.
     assert args["engine_options"] == {"dtype": "float16", "gpu_memory_utilization": 1, "kv_cache_memory_mb": 512,
-                                      "quantization": "int8", "max_waiting_requests": 8, "max_running_requests": 16}
+                                      "quantization": "int8", "schedule_policy": "srpt", "max_waiting_requests": 8,
+                                      "max_running_requests": 16}
     options = ServeConfig.from_args(dict(args)).cluster_spec().engine_options
     assert (options["quantization"], options["kv_cache_memory_mb"]) == ("int8", 512)
 
@@ -135,6 +136,8 @@ def test_engine_enums_match_the_engine():
     dtypes = typing.get_args(typing.get_type_hints(EngineConfig)["dtype"])
     assert set(engine["dtype"]["enum"]) == {None, *dtypes}
     assert set(engine["quantization"]["enum"]) == {None, *QUANTIZATIONS}
+    policies = typing.get_args(typing.get_type_hints(EngineConfig)["schedule_policy"])
+    assert set(engine["schedulePolicy"]["enum"]) == {None, *policies}
     assert SCHEMA["properties"]["nixl"]["properties"]["backend"]["enum"] == list(NIXL_BACKENDS)
 
 
@@ -148,6 +151,7 @@ def test_engine_enums_match_the_engine():
     ({"engine": {"kvCacheMemoryMb": 0}}, "/engine/kvCacheMemoryMb"),
     ({"engine": {"kvCacheMemoryMb": 1.5}}, "/engine/kvCacheMemoryMb"),
     ({"engine": {"quantization": "int4"}}, "/engine/quantization"),
+    ({"engine": {"schedulePolicy": "sjf"}}, "/engine/schedulePolicy"),
     ({"engine": {"tp": 2}}, "tp"),
     ({"nixl": {"backend": "ucx"}}, "/nixl/backend"),
     ({"nixl": {"backend": "LIBFABRIC", "devices": "rdmap16s27"}}, "/nixl/devices': maxLength"),
@@ -160,7 +164,7 @@ def test_engine_enums_match_the_engine():
     ({"shm": {"sizeLimit": "16 GB"}}, "/shm/sizeLimit"),
     ({"shm": {"size": "16Gi"}}, "size"),
     ({"hostNetwork": "true"}, "/hostNetwork"),
-], ids=["gpus", "dtype", "util-zero", "util-high", "kv-zero", "kv-float", "quant", "engine-typo", "backend-case",
+], ids=["gpus", "dtype", "util-zero", "util-high", "kv-zero", "kv-float", "quant", "policy", "engine-typo", "backend-case",
         "libfabric-devices", "devices-chars", "gpu-resource", "unqualified-resource", "resource-zero",
         "resource-string", "ipclock", "shm-quantity", "shm-typo", "hostnetwork"])
 def test_values_schema_bounds_every_new_value(render, values, where):

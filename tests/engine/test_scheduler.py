@@ -401,6 +401,40 @@ def test_lpm_without_prefix_cache_is_fcfs(sim):
     assert ids(x.request for x in s.step().items) == ["cold"]
 
 
+@pytest.mark.parametrize("policy, expected", [
+    ("fcfs", [("long", 8, 8)]),                      # the running prefill takes the whole budget
+    ("srpt", [("short", 0, 3), ("long", 8, 5)])])    # the short prompt starts first, long gets the rest
+def test_srpt_starts_a_short_prompt_ahead_of_a_long_prefill(sim, policy, expected):
+    s = sim(32, schedule_policy=policy, max_num_batched_tokens=8, chunked_prefill_size=8)
+    long = s.add("long", list(range(1, 21)), 1)
+    assert plan(s.step()) == [("long", 0, 8)]
+    short = s.add("short", [30, 31, 32], 1)
+    short.queued_at = long.queued_at  # no aging credit either way
+    assert plan(s.step()) == expected
+    s.run()
+    s.check_drained()
+
+
+def test_srpt_counts_a_cached_prefix_as_done(sim):
+    s = sim(16, schedule_policy="srpt", max_running_requests=1)
+    _warm(s)
+    cold = s.add("cold", [8, 8, 8], 1)            # 3 tokens to compute
+    hot = s.add("hot", [1, 2, 3, 4, 7], 1)        # 5 tokens, 4 of them cached: 1 to compute
+    hot.queued_at = cold.queued_at
+    assert [ids(x.request for x in s.step().items) for _ in range(2)] == [["hot"], ["cold"]]
+
+
+@pytest.mark.parametrize("waited_s, first", [(0.0, "short"), (100.0, "long")])
+def test_srpt_aging_lets_a_long_prompt_pass_newer_short_ones(sim, waited_s, first):
+    s = sim(32, schedule_policy="srpt", max_running_requests=1, srpt_aging_tokens_per_s=1.0)
+    long = s.add("long", list(range(1, 10)), 1)
+    short = s.add("short", [30, 31, 32], 1)
+    long.queued_at = short.queued_at - waited_s    # 9 - 100 x 1 token/s ranks ahead of 3
+    assert ids(x.request for x in s.step().items) == [first]
+    s.run()
+    s.check_drained()
+
+
 # -- admission headroom ---------------------------------------------------------------------------
 def test_admission_reserves_room_for_running_requests_future_tokens(sim):
     # ratio 1.0, no decay: every running request's remaining max_tokens must fit.
@@ -711,7 +745,7 @@ def test_random_workloads_finish_with_exact_accounting(sim, seed):
     num_blocks = rng.randint(2, 8)
     s = sim(num_blocks, block_size=bs, max_num_batched_tokens=rng.randint(1, 12),
             chunked_prefill_size=rng.choice([0, 2, 3, 100]), max_running_requests=rng.randint(1, 4),
-            schedule_policy=rng.choice(["fcfs", "lpm"]), enable_prefix_cache=rng.random() < 0.8,
+            schedule_policy=rng.choice(["fcfs", "lpm", "srpt"]), enable_prefix_cache=rng.random() < 0.8,
             init_new_token_ratio=rng.choice([0.0, 0.5, 1.0]), new_token_ratio_decay=rng.choice([0.0, 0.1]))
     pending = []
     for i in range(rng.randint(1, 7)):

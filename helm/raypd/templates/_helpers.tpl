@@ -151,6 +151,7 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- if not (kindIs "invalid" .gpuMemoryUtilization) -}}{{- $_ := set $engine "gpu_memory_utilization" (float64 .gpuMemoryUtilization) -}}{{- end -}}
 {{- if not (kindIs "invalid" .kvCacheMemoryMb) -}}{{- $_ := set $engine "kv_cache_memory_mb" (int .kvCacheMemoryMb) -}}{{- end -}}
 {{- if not (kindIs "invalid" .quantization) -}}{{- $_ := set $engine "quantization" .quantization -}}{{- end -}}
+{{- if not (kindIs "invalid" .schedulePolicy) -}}{{- $_ := set $engine "schedule_policy" .schedulePolicy -}}{{- end -}}
 {{- end -}}
 {{- if .Values.topology.config -}}
 {{- $_ := set $args "topology" (printf "%s/topology.yaml" .Values.topology.mountPath) -}}
