@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import subprocess
 import tempfile
 import threading
 import time
@@ -42,7 +43,6 @@ class LlamaCppPeer:
         self.slot_context = slot_context
 
     def version(self) -> str:
-        import subprocess
         out = subprocess.run([str(self.server), "--version"], capture_output=True, text=True, timeout=60)
         return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "unknown"
 
