@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
-from raypd.cluster.launch.gpu_budget import check_gpus_per_node, gpus_per_node
+from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, gpus_per_node
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import ConductorConfig
@@ -101,7 +101,7 @@ class NodeCluster:
         """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel."""
         started_ray = init_ray(address, spec.cpus_per_node * len(spec.roles()), num_cpus=spec.ray_cpus,
                                local_options={"include_dashboard": False}, log_to_driver=False).started
-        spec = replace(spec, gpus_per_node=gpus_per_node(spec.gpus_per_node, ray.cluster_resources().get("GPU", 0)))
+        spec = replace(spec, gpus_per_node=gpus_per_node(spec.gpus_per_node, cluster_gpus()))
         cluster = cls(spec, started_ray)
         try:
             if spec.policy is not None:
