@@ -1,6 +1,7 @@
 """PD (1 prefill + 1 decode node) against 2 mixed nodes, same machine, same run, same workload:
 steady decoders plus bursts of long prompts. The point of PD is that decode TPOT p99 does not inflate
-when long prompts arrive, because the decode node never runs a prefill chunk.
+when long prompts arrive, because the decode node never runs a prefill chunk. `adaptive` is the same
+PD pair with the Conductor choosing split or local per request (conductor/split_or_local.py).
 
     python -m benchmarks.pd_vs_mixed --json bench-results/pd_vs_mixed.json    (or `raypd bench pd`)
 
@@ -9,7 +10,11 @@ generating `--decode-tokens` tokens (a finished one is replaced at once); every 
 burst of `--burst-size` long prompts (`--burst-len` tokens, `--burst-tokens` output tokens). Each actor
 gets `--cpus-per-node` Ray CPUs and as many torch threads. Reports TTFT / TPOT / ITL p50 and p99 for the
 steady decoders and the bursts separately, the PD handoff breakdown (bootstrap wait, prefill queue,
-prefill compute, KV transfer, first decode step), and request and token throughput.
+prefill compute, KV transfer, first decode step), request and token throughput, and goodput: requests
+per second that met both `--slo-ttft` and `--slo-tpot`.
+
+`--mix` picks the workloads, each run on every system: bursty (the above), chat (the steady decoders
+alone: short prompts only) and long (the bursts alone: long prompts only); a comma list runs several.
 """
 from __future__ import annotations
 
@@ -23,9 +28,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ray
+
 from raypd.benchmarks.workloads import english_text
+from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.request_driver import RequestDriver
-from raypd.cluster.client.router import RoundRobinRouter, Router
+from raypd.cluster.client.router import Router
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.engine.model.source import resolve_model
 from raypd.engine.tokenizer import Tokenizer
@@ -70,7 +78,7 @@ def pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def summarize(records: list[Record], window_s: float) -> dict:
+def summarize(records: list[Record], window_s: float, slo_ttft_s: float, slo_tpot_s: float) -> dict:
     out: dict = {"window_s": round(window_s, 2)}
     for kind in ("decoder", "burst"):
         rs = [r for r in records if r.kind == kind and not r.error and r.chunk_times]
@@ -84,6 +92,8 @@ def summarize(records: list[Record], window_s: float) -> dict:
     done = [r for r in records if not r.error and r.chunk_times]
     out["output_tokens_per_s"] = round(sum(r.num_tokens for r in done) / window_s, 1)
     out["requests_per_s"] = round(len(done) / window_s, 3)
+    good = [r for r in done if r.ttft <= slo_ttft_s and (r.tpot is None or r.tpot <= slo_tpot_s)]
+    out["goodput_rps"] = round(len(good) / window_s, 3)
     phases: dict[str, list[float]] = {}
     for r in done:
         for k, v in r.timings.items():
@@ -96,8 +106,12 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000, 1)
 
 
+MIXES = ("bursty", "chat", "long")
+
+
 class Workload:
-    def __init__(self, tokenizer: Tokenizer, args):
+    def __init__(self, tokenizer: Tokenizer, args, mix: str = "bursty"):
+        self.mix = mix
         rng = random.Random(args.seed)
         self.short = [tokenizer.encode(english_text(rng, args.decoder_len // 2))[:args.decoder_len]
                       for _ in range(64)]
@@ -143,18 +157,23 @@ async def drive(driver: RequestDriver, router: Router, wl: Workload, duration_s:
             await asyncio.sleep(a.burst_every)
         await asyncio.gather(*tasks)
 
-    await asyncio.gather(bursts(), *(decoder_slot(i) for i in range(a.decoders)))
+    steady = [decoder_slot(i) for i in range(a.decoders)] if wl.mix in ("bursty", "chat") else []
+    await asyncio.gather(*steady, *([bursts()] if wl.mix in ("bursty", "long") else []))
     return records, time.monotonic() - t0
 
 
 def run_system(name: str, spec: ClusterSpec, wl: Workload, args) -> dict:
     with NodeCluster.start(spec) as cluster, RequestDriver() as driver:
-        router = RoundRobinRouter(cluster.nodes)
+        router = make_router(cluster.conductor, cluster.nodes)
         # Warm-up: one request per node pair, so model first-touch costs stay out of the window.
         asyncio.run(drive_warmup(driver, router, wl, len(cluster.nodes)))
         records, window = asyncio.run(drive(driver, router, wl, args.duration))
-    result = summarize(records, window)
+        status = ray.get(cluster.conductor.status.remote(), timeout=30) if cluster.conductor is not None else None
+    result = summarize(records, window, args.slo_ttft, args.slo_tpot)
     result["system"] = name
+    result["mix"] = wl.mix
+    if status is not None:   # how often the Conductor let the decode node prefill (warm-up included)
+        result["local_decisions"], result["decisions"] = status["local_decisions"], status["decisions"]
     return result
 
 
@@ -179,28 +198,40 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--burst-len", type=int, default=1024)
     ap.add_argument("--burst-tokens", type=int, default=8)
     ap.add_argument("--cpus-per-node", type=float, default=1.0)
-    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, pd-srpt, mixed-srpt")
+    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, adaptive, pd-srpt, mixed-srpt")
+    ap.add_argument("--mix", default="bursty", help=f"workloads, a comma list of {', '.join(MIXES)}")
+    ap.add_argument("--slo-ttft", type=float, default=5.0, metavar="S", help="goodput: TTFT at most S seconds")
+    ap.add_argument("--slo-tpot", type=float, default=0.25, metavar="S", help="goodput: TPOT at most S seconds")
+    ap.add_argument("--local-prefill-budget", type=int, default=32, metavar="TOKENS",
+                    help="adaptive: prompt tokens a decode node computes per step on the local path")
     ap.add_argument("--transfer-backend", default="nixl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    wl = Workload(Tokenizer(resolve_model(None)), args)
+    tokenizer = Tokenizer(resolve_model(None))
     common = dict(cpus_per_node=args.cpus_per_node, engine_options={"num_blocks": 2048},
                   transfer_options={"backend": args.transfer_backend})
     srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
              "mixed": ClusterSpec(mixed_nodes=2, **common),
+             # the PD pair with the Conductor choosing split or local per request
+             "adaptive": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
+                                     local_prefill_budget=args.local_prefill_budget, **common),
              # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
              "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),
              "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt)}
     if unknown := set(args.systems.split(",")) - specs.keys():
         ap.error(f"unknown systems {sorted(unknown)}; known: {', '.join(specs)}")
-    results = [run_system(s, specs[s], wl, args) for s in args.systems.split(",")]
+    mixes = args.mix.split(",")
+    if unknown := set(mixes) - set(MIXES):
+        ap.error(f"unknown mixes {sorted(unknown)}; known: {', '.join(MIXES)}")
+    results = [run_system(s, specs[s], Workload(tokenizer, args, mix), args)
+               for mix in mixes for s in args.systems.split(",")]
     report = {"benchmark": "pd_vs_mixed", "machine": f"{platform.processor() or platform.machine()}, "
               f"{__import__('os').cpu_count()} cores", "args": vars(args) | {"json": str(args.json)}, "results": results}
     for r in results:
-        print(f"{r['system']:6s} decoder TPOT p50/p99 {r['decoder']['tpot_p50_ms']}/{r['decoder']['tpot_p99_ms']} ms"
+        print(f"{r['mix']:6s} {r['system']:8s} goodput {r['goodput_rps']} rps  decoder TPOT p50/p99 {r['decoder']['tpot_p50_ms']}/{r['decoder']['tpot_p99_ms']} ms"
               f"  ITL p99 {r['decoder']['itl_p99_ms']} ms  burst TTFT p50/p99 {r['burst']['ttft_p50_ms']}/"
               f"{r['burst']['ttft_p99_ms']} ms  decoder TTFT p50 {r['decoder']['ttft_p50_ms']} ms"
               f"  {r['output_tokens_per_s']} tok/s  errors {r['decoder']['errors'] + r['burst']['errors']}")

@@ -42,7 +42,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trace", default=None, help="Mooncake jsonl trace")
     ap.add_argument("--prefill-nodes", type=int, default=16)
     ap.add_argument("--decode-nodes", type=int, default=16)
-    ap.add_argument("--policies", default=ALL_POLICIES)
+    ap.add_argument("--policies", default=ALL_POLICIES,
+                    help="comma list; a suffix +migration turns on hot-prefix migration, +local the split-or-local "
+                         "choice (decode nodes prefill what the Conductor sends them locally), e.g. cost+local")
+    ap.add_argument("--local-prefill-budget", type=int, default=32,
+                    help="+local: prompt tokens a decode node computes per step (real tokens)")
     ap.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
     ap.add_argument("--unit", type=int, default=None, help="real tokens per simulated token (trace on gpu: 32)")
     ap.add_argument("--block-size", type=int, default=16)
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
     def run(policy: str, scale: float) -> dict:
         sim = Simulation(profile, policy, prefill_nodes=args.prefill_nodes, decode_nodes=args.decode_nodes,
                          block_size=bs, unit=unit, report_interval_s=args.report_interval,
-                         config_overrides={"cost": cost_cfg}, migration_overrides={"half_life_s": args.half_life})
+                         config_overrides={"cost": cost_cfg}, migration_overrides={"half_life_s": args.half_life},
+                         local_prefill_budget=args.local_prefill_budget)
         s = summarize(sim.run(reqs, time_scale=scale), ttft_slo, tpot_slo, span / scale)
         s["time_scale"] = scale
         print(f"  {policy:15s} x{scale:<7.3g} hit {s['hit_rate']:.3f} attain {s['slo_attainment']:.3f} "
@@ -194,6 +199,7 @@ def headline(out: dict) -> dict:
             "slo_attainment": round(f["slo_attainment"], 3),
             "imbalance": round(f["load_imbalance_max_over_mean"]["mean"], 2),
             "migrations": f["migrations"]["finished"], "fetches": f["fetches"],
+            "local_share": round(f["local_share"], 3),
         }
         if "sweep" in e:
             rows[policy]["goodput_rps"] = round(e["sweep"]["goodput_rps"], 3)

@@ -64,6 +64,24 @@ class MigrationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalPrefillConfig:
+    """Split or local per request (split_or_local.py): a decode node may prefill a prompt itself."""
+    enabled: bool = False
+    # Prompt tokens a decode node computes per step after its decodes; the nodes' engines must use
+    # the same (EngineConfig.max_prefill_tokens_per_step; `raypd serve --adaptive` sets both).
+    step_budget_tokens: int = 32
+    # Seconds of stall summed over a decode node's running requests, counted against one second of
+    # this request's TTFT: 1 minimises the total wait; higher protects TPOT more.
+    tpot_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.step_budget_tokens < 1:
+            raise ValueError(f"step_budget_tokens must be >= 1, got {self.step_budget_tokens}")
+        if self.tpot_weight < 0:
+            raise ValueError(f"tpot_weight must be >= 0, got {self.tpot_weight}")
+
+
+@dataclass(frozen=True, slots=True)
 class ConductorConfig:
     policy: str = "cost"
     block_size: int = 16            # until nodes' events say otherwise
@@ -81,3 +99,4 @@ class ConductorConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     migration: MigrationConfig = field(default_factory=MigrationConfig)
+    local_prefill: LocalPrefillConfig = field(default_factory=LocalPrefillConfig)

@@ -1,7 +1,7 @@
 """ConductorCore: the Conductor without Ray. Composes the registry, the prefix index, the topology,
-the load table, the time models, the routing policy, the migration planner, the decision log and
-the metrics; the Ray actor (actor.py) and the simulator (sim/) both drive this class, so what the
-simulator measures is the code that serves.
+the load table, the time models, the routing policy, the split-or-local choice, the migration
+planner, the decision log and the metrics; the Ray actor (actor.py) and the simulator (sim/) both
+drive this class, so what the simulator measures is the code that serves.
 
 Node death (explicit, or a missed heartbeat found by check_heartbeats) drops the node from every
 part at once: registry slot, index entries, load arrays, running migrations.
@@ -18,7 +18,7 @@ import numpy as np
 
 from raypd.conductor.config import ConductorConfig
 from raypd.conductor.decision import DecisionLog, RouteDecision
-from raypd.conductor.errors import AdmissionRejected, UnknownNodeError
+from raypd.conductor.errors import AdmissionRejected, NoCandidateError, UnknownNodeError
 from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 from raypd.conductor.load_table import LoadTable
 from raypd.conductor.metrics import ConductorMetrics
@@ -27,6 +27,7 @@ from raypd.conductor.pending_prefixes import PendingPrefixes
 from raypd.conductor.policies import RoutingPolicy, RoutingView, make_policy
 from raypd.conductor.prefix_index import ApplyResult, PrefixIndex, PrefixMatch, bits
 from raypd.conductor.registry import NodeInfo, NodeRegistry
+from raypd.conductor.split_or_local import choose_path, local_decision
 from raypd.conductor.topology import Topology
 from raypd.protocol.kv_events import BlockStored
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
@@ -76,6 +77,7 @@ class ConductorCore:
         self._stats: dict[str, _NodeStats] = {}
         self._predicted: OrderedDict[str, tuple[str, int, int]] = OrderedDict()
         self.num_decisions = 0
+        self.num_local = 0       # decisions on the local path (a decode node prefills the prompt)
         self.num_rejected = 0
 
     # -- membership ---------------------------------------------------------------------------
@@ -166,9 +168,9 @@ class ConductorCore:
         view = RoutingView(request_id, len(prompt_token_ids), match, now, self.table, self.topology,
                            self.prefill_model, self.decode_model, self.config, self._names, held=indexed,
                            excluded=excluded)
-        d = self.policy.route(view)
-        d.decided_at = now
         cfg = self.config
+        d = self._decide(view)
+        d.decided_at = now
         reason, est, slo = "", 0.0, 0.0
         if cfg.ttft_slo_s is not None and d.est_ttft_s > cfg.ttft_slo_s:
             reason, est, slo = "ttft", d.est_ttft_s, cfg.ttft_slo_s
@@ -198,6 +200,30 @@ class ConductorCore:
         d.latency_s = time.perf_counter() - t0
         self._record(d)
         return d
+
+    def _decide(self, view: RoutingView) -> RouteDecision:
+        """The policy's split decision, then, when local prefill is on, split or local
+        (split_or_local.py); with no live prefill node the local path is the only one."""
+        lp = self.config.local_prefill
+        try:
+            split: RouteDecision | None = self.policy.route(view)
+        except NoCandidateError:
+            if not lp.enabled or not len(view.decode_slots):
+                raise
+            split = None
+        if not lp.enabled:
+            assert split is not None
+            return split
+        est = choose_path(view, split.est_ttft_s if split is not None else float("inf"), lp, self.config.tbt_slo_s)
+        if est is None:
+            if split is None:
+                raise NoCandidateError("no live prefill node, and no decode node has KV room for the prompt")
+            return split
+        if est.chosen:
+            return local_decision(view, est, split, self.policy.name)
+        assert split is not None   # without one the split path costs inf: local always wins
+        split.local = est
+        return split
 
     def _with_pending(self, indexed: PrefixMatch, now: float) -> PrefixMatch:
         """The index's match, raised on each node to the blocks routed there and not yet reported."""
@@ -230,7 +256,8 @@ class ConductorCore:
         self._predicted[d.request_id] = (d.prefill_node, d.predicted_cached_tokens, d.prompt_tokens)
         if len(self._predicted) > _PREDICTIONS_KEPT:
             self._predicted.popitem(last=False)
-        self.metrics.decision(d.policy, d.branch, d.latency_s, d.predicted_cached_tokens)
+        self.num_local += d.path == "local"
+        self.metrics.decision(d.policy, d.branch, d.latency_s, d.predicted_cached_tokens, d.path)
 
     def report_delivered(self, request_id: str, cached_tokens: int) -> int | None:
         """The cached tokens the prefill node actually used for a routed request (PrefillResult /
@@ -323,6 +350,7 @@ class ConductorCore:
         pl = self.planner
         return {
             "policy": self.policy.name, "decisions": self.num_decisions, "rejected": self.num_rejected,
+            "local_decisions": self.num_local,
             "index_blocks": self.index.num_blocks, "index_entries": self.index.num_entries,
             "resyncs": self.index.num_resyncs, "dropped_events": self.index.num_dropped_events,
             "migrations": {"started": pl.started, "finished": pl.finished, "failed": pl.failed,

@@ -64,18 +64,24 @@ class RouteDecision:
     fetch: PrefixFetch | None = None
     migration: Any = None           # a MigrationPlan this request triggered, if any
     rejected: str = ""              # "ttft" / "tbt" when admission refused it
+    # "split": prefill_node computes the prompt and sends its KV to decode_node; "local": decode_node
+    # (named as prefill_node too) prefills it itself (split_or_local.py; `local` holds the inputs)
+    path: str = "split"
+    local: Any = None               # split_or_local.LocalEstimate, when the local path was weighed
     decided_at: float = 0.0
     latency_s: float = 0.0
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if self.migration is not None:
-            d["migration"] = asdict(self.migration)
+        for name in ("migration", "local"):
+            if getattr(self, name) is not None:
+                d[name] = asdict(getattr(self, name))
         return d
 
     def explain(self) -> str:
-        lines = [f"{self.request_id}: {self.policy}/{self.branch} -> prefill {self.prefill_node}, "
-                 f"decode {self.decode_node}; cached {self.predicted_cached_tokens}/{self.prompt_tokens} "
+        target = f"local on {self.decode_node}" if self.path == "local" else \
+            f"prefill {self.prefill_node}, decode {self.decode_node}"
+        lines = [f"{self.request_id}: {self.policy}/{self.branch} -> {target}; cached {self.predicted_cached_tokens}/{self.prompt_tokens} "
                  f"(best {self.best_match_tokens} on {self.best_match_nodes[:4]}), "
                  f"TTFT ~{self.est_ttft_s * 1e3:.1f} ms, TBT ~{self.est_tbt_s * 1e3:.1f} ms"]
         for c in self.candidates:
@@ -86,6 +92,11 @@ class RouteDecision:
             lines.append(f"  D {dc.node}: load {dc.load:g} tbt {dc.tbt_s * 1e3:.1f} send {dc.send_s * 1e3:.1f}")
         if self.fetch:
             lines.append(f"  fetch {self.fetch.num_tokens - self.fetch.from_tokens} tokens from {self.fetch.source}")
+        if (lo := self.local) is not None:
+            lines.append(f"  L {lo.node}: cached {lo.cached_tokens} queued {lo.queued_tokens:g} running {lo.running:g}"
+                         f" steps {lo.steps} -> {lo.ttft_s * 1e3:.1f} ms, tbt {lo.tbt_s * 1e3:.1f} ms, stall "
+                         f"{lo.tpot_cost_s * 1e3:.1f} ms vs split {lo.split_ttft_s * 1e3:.1f} ms: "
+                         f"{'local' if lo.chosen else 'split (' + lo.why + ')'}")
         if self.migration is not None:
             lines.append(f"  migration {self.migration.source} -> {self.migration.target}")
         if self.rejected:

@@ -10,7 +10,8 @@ half of the new part). `speed` is each node's own moving average (LoadReport.pre
 `k` starts from the model shape and is refitted by least squares from observed prefill times.
 
 DecodeStepModel: one decode step of a batch of b sequences takes a + b_coeff * b seconds; refitted
-from decode nodes' reports (running, step_time_s) over a sliding window.
+from decode nodes' reports (running, step_time_s) over a sliding window (only a, when the batch
+sizes seen do not spread enough to fit the slope).
 """
 from __future__ import annotations
 
@@ -78,8 +79,12 @@ class DecodeStepModel:
             return
         b = np.array([s[0] for s in self._samples])
         t = np.array([s[1] for s in self._samples])
-        if np.ptp(b) < 1:   # one batch size only: the slope is not identifiable, keep the prior
-            return
-        slope, base = np.polyfit(b, t, 1)
-        if slope > 0 and base >= 0:
-            self.per_seq_s, self.base_s = float(slope), float(base)
+        if np.ptp(b) >= 1:
+            slope, base = np.polyfit(b, t, 1)
+            if slope > 0 and base >= 0:
+                self.per_seq_s, self.base_s = float(slope), float(base)
+                return
+        # One batch size only (the slope is not identifiable) or a fit that makes no sense: keep the
+        # slope and move the base so the model meets what the nodes measure. A prior calibrated on
+        # another machine would otherwise stay wrong for good (4x on a slower CPU).
+        self.base_s = max(0.0, float(np.mean(t - self.per_seq_s * b)))

@@ -104,8 +104,9 @@ class LoadTable:
         return self.queued[slots] + self.pending_tokens[slots]
 
     def decode_load(self, slots: np.ndarray) -> np.ndarray:
-        """Sequences a decode node holds or is about to hold."""
-        return self.running[slots] + self.waiting[slots] + self.inflight[slots] + self.pending_decode[slots]
+        """Sequences a decode node holds or is about to hold. A decode node's `waiting` already
+        counts the requests whose KV is in flight (LoadReport.inflight is a part of it)."""
+        return self.running[slots] + self.waiting[slots] + self.pending_decode[slots]
 
     def decode_room_tokens(self, slots: np.ndarray) -> np.ndarray:
         """Tokens of KV a decode node can still take; +inf before its first report."""

@@ -4,6 +4,7 @@ the simulator); tests pass a fake API and read what was recorded.
 
 Exported (prefix raypd_conductor_):
   decision_latency_ms (histogram)          decisions_total{policy,branch} (counter)
+  paths_total{path=split|local} (counter: who prefills, split_or_local.py)
   predicted_cached_tokens_total (counter)  delivered_cached_tokens_total (counter)
   cached_tokens_abs_error (histogram, |delivered - predicted| per reported request)
   cached_tokens_mispredicted_total{direction=over|under} (counter)
@@ -31,6 +32,8 @@ class ConductorMetrics:
         p = "raypd_conductor_"
         self._latency = api.Histogram(p + "decision_latency_ms", "routing decision latency", _LATENCY_MS)
         self._decisions = api.Counter(p + "decisions_total", "decisions per policy branch", ("policy", "branch"))
+        self._paths = api.Counter(p + "paths_total", "decisions per path: split (prefill node, then KV to the "
+                                  "decode node) or local (the decode node prefills)", ("path",))
         self._predicted = api.Counter(p + "predicted_cached_tokens_total", "cached tokens predicted for the chosen node")
         self._delivered = api.Counter(p + "delivered_cached_tokens_total", "cached tokens nodes reported using")
         self._err = api.Histogram(p + "cached_tokens_abs_error", "|delivered - predicted| cached tokens", _ERR_TOKENS)
@@ -48,9 +51,11 @@ class ConductorMetrics:
         self._lag = api.Histogram(p + "kv_event_lag_s", "load report age when applied", _LAG_S)
         self._rejections = api.Counter(p + "rejections_total", "requests rejected by SLO admission", ("reason",))
 
-    def decision(self, policy: str, branch: str, latency_s: float, predicted_cached: int) -> None:
+    def decision(self, policy: str, branch: str, latency_s: float, predicted_cached: int,
+                 path: str = "split") -> None:
         self._latency.observe(latency_s * 1e3)
         self._decisions.inc(1, {"policy": policy, "branch": branch})
+        self._paths.inc(1, {"path": path})
         if predicted_cached:  # Ray counters take only positive increments
             self._predicted.inc(predicted_cached)
 

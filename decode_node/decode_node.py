@@ -6,6 +6,8 @@ the caller minted (the prefill node knows the same id).
         │                v                                           v                        v
         │          final chunk (overloaded)                  final chunk (error)    final chunk (finish_reason)
         └─ max_waiting_requests already in PreallocStage ─> final chunk (overloaded) at once, nothing held
+    generate(req with local_prefill) ─> RunningStage (the engine prefills it here, in chunks under
+        its per-step prompt budget, then decodes) ─> final chunk; no room, no KV transfer
     abort(request_id): PREALLOC / RUNNING ─> final chunk "abort" at once;
                        TRANSFER ─> the receiver aborts the room ─room terminal─> final chunk "abort"
 
@@ -61,13 +63,14 @@ class DecodeNode:
         # at the ingress) instead of waiting out the prealloc timeout behind them.
         self.max_waiting = engine.config.waiting_limit
         self.num_refused = 0
+        self.num_local = 0   # requests prefilled here (local_prefill), since the start
         core.start()
 
     # -- Ray-callable ---------------------------------------------------------------------------------
     async def generate(self, req: NodeRequest) -> StreamEnd:
-        """Decode a request whose prefill runs on the node at req.bootstrap_address, streaming its
-        tokens to req.reply_address; return once it ended (the final chunk and how many tokens the
-        stream carried)."""
+        """Decode a request whose prefill runs on the node at req.bootstrap_address (or here, when
+        req.local_prefill), streaming its tokens to req.reply_address; return once it ended (the
+        final chunk and how many tokens the stream carried)."""
         return await self.core.stream(req, self._add, self._abort)
 
     async def abort(self, request_id: str) -> None:
@@ -113,22 +116,27 @@ class DecodeNode:
         try:
             if rid in self.requests or rid in self.core.engine.requests:
                 raise InvalidRequestError(f"request id {rid!r} is already on this node", "request_id")
-            if not req.bootstrap_address:
+            if not req.bootstrap_address and not req.local_prefill:
                 raise InvalidRequestError("a decode request needs the prefill node's bootstrap address",
                                           "bootstrap_address")
             self.core.engine.validate(req.prompt_token_ids, req.params)
         except InvalidRequestError as e:
             self.core.streams.push(TokenChunk(rid, (), finished=True, error=str(e)))
             return
-        if (blocked := self.prealloc.num_blocked) >= self.max_waiting:
+        # Local prompts the last step left waiting wait for memory as much as prealloc's do.
+        if (blocked := self.prealloc.num_blocked + self.core.engine.num_backlogged()) >= self.max_waiting:
             self.num_refused += 1
             self.core.streams.push(TokenChunk(
                 rid, (), True, OVERLOADED, f"decode node {self.name} is full: {blocked} requests already "
                                            f"wait for KV memory (max_waiting_requests)"))
             return
         dr = DecodeRequest(req, t={"arrived": time.time()})
+        if req.local_prefill:
+            self.running.add_local(dr)  # validated above: the engine takes it
+            self.num_local += 1
+        else:
+            self.prealloc.add(dr)
         self.requests[rid] = dr
-        self.prealloc.add(dr)
 
     def _abort(self, request_id: str) -> None:
         dr = self.requests.get(request_id)
@@ -195,7 +203,8 @@ class DecodeNode:
         t = self.transfer
         queues = {"prealloc": len(self.prealloc), "transfer": len(t) - t.num_aborting, "running": len(self.running),
                   "aborting": t.num_aborting}
-        return {"queues": queues, "refused": self.num_refused, "transfer": asdict(self.receiver.stats())}
+        return {"queues": queues, "refused": self.num_refused, "local_prefills": self.num_local,
+                "transfer": asdict(self.receiver.stats())}
 
     def _check_idle(self) -> dict:
         return self.core.check_idle(rooms=len(self.requests), endpoint_rooms=self.receiver.stats().rooms,

@@ -21,7 +21,8 @@ class DecodePhase(IntEnum):
     aux slot and a room; RUNNING: an engine request that owns those blocks)."""
     PREALLOC = 1    # waiting for KV blocks (FIFO, back-pressure); holds nothing
     TRANSFER = 2    # blocks reserved, room open: the prompt's KV and first token are on their way
-    RUNNING = 3     # in the engine's batch, streaming a token per step
+    RUNNING = 3     # in the engine's batch, streaming a token per step (a local prefill: in the
+                    # engine's queues from the start, prefilled here; it holds what the engine gave it)
 
 
 @dataclass(slots=True, eq=False)
@@ -32,7 +33,8 @@ class DecodeRequest:
     blocks: list[int] = field(default_factory=list)  # reserved for the prompt's KV (TRANSFER)
     aux_slot: int | None = None
     record: AuxRecord | None = None       # what the prefill node wrote beside the KV, once it landed
-    num_cached_tokens: int = 0            # prompt tokens the prefill node served from its cache
+    num_cached_tokens: int = 0            # prompt tokens the prefill node (local: this node) served from its cache
+    local: bool = False                   # prefilled on this node (NodeRequest.local_prefill): no room, no KV transfer
     aborting: bool = False                # abort() asked: it ends with finish_reason "abort"
     overloaded: bool = False              # waited its bound for KV memory: ends with finish_reason OVERLOADED
     error: str | None = None              # why it failed, set by the stage it ended in
@@ -47,11 +49,13 @@ class DecodeRequest:
         return self.req.room
 
     def timings(self) -> dict[str, float]:
-        """Seconds waiting for blocks (prealloc_s), for the KV (kv_wait_s), for the first decode
-        step after the first token (first_step_s), and in all (total_s)."""
+        """Seconds waiting for blocks (prealloc_s), for the KV (kv_wait_s), queued and prefilled here
+        until the first token (local_prefill_s, local path only), for the first decode step after the
+        first token (first_step_s), and in all (total_s)."""
         t = self.t
         out = {"total_s": t["ended"] - t["arrived"]}
-        for name, a, b in (("prealloc_s", "arrived", "reserved"), ("kv_wait_s", "reserved", "kv_arrived"),
+        local = ("local_prefill_s", "arrived", "first_token") if self.local else ("", "", "")
+        for name, a, b in (("prealloc_s", "arrived", "reserved"), ("kv_wait_s", "reserved", "kv_arrived"), local,
                            ("first_step_s", "first_token", "first_step")):
             if a in t and b in t:
                 out[name] = t[b] - t[a]

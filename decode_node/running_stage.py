@@ -3,6 +3,8 @@
     add(dr): engine.add_prefilled(its reservation, the prompt, the first token from the aux record)
              ─> RUNNING: the first token streamed; continuous batching (a retracted request is
                 recomputed locally and goes on)
+    add_local(dr): engine.add_request(the prompt) ─> RUNNING: queued, then prefilled in this engine's
+             steps under its per-step prompt budget (max_prefill_tokens_per_step), then as above
         ├─ stop / length ─> pop_ready(step outputs): the request with its last output, for its final chunk
         └─ abort() ─> engine request aborted, leaves at once
 
@@ -50,6 +52,15 @@ class RunningStage:
         self._requests[dr.request_id] = dr
         self._emit(dr, out)
 
+    def add_local(self, dr: DecodeRequest) -> None:
+        """Prefill the prompt here (the Conductor's local path): the engine queues it, admits it
+        when memory and its prompt budget allow, and its first output is the first token. Raises
+        InvalidRequestError (nothing held) when the engine refuses the prompt."""
+        self._engine.add_request(dr.req.prompt_token_ids, dr.req.params, request_id=dr.request_id)
+        dr.local = True
+        dr.phase = DecodePhase.RUNNING
+        self._requests[dr.request_id] = dr
+
     def pop_ready(self, outputs: Sequence[StepOutput] = ()) -> list[tuple[DecodeRequest, StepOutput]]:
         """Stream this step's tokens; return the requests that finished (here or in add()) with
         their last output. They have left the engine and this stage."""
@@ -71,6 +82,8 @@ class RunningStage:
         if "first_token" in dr.t:
             dr.t.setdefault("first_step", now)
         dr.t.setdefault("first_token", now)
+        if dr.local:
+            dr.num_cached_tokens = out.num_cached_tokens
         if out.finished:
             del self._requests[dr.request_id]
             self._finished.append((dr, out))

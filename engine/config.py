@@ -27,6 +27,11 @@ class EngineConfig:
     # srpt (shortest remaining prompt first, aged by srpt_aging_tokens_per_s per second waited).
     schedule_policy: Literal["fcfs", "lpm", "srpt"] = "fcfs"
     srpt_aging_tokens_per_s: float = 256.0
+    # Prompt tokens a step that also decodes may compute (engine/scheduler.py); None: the whole
+    # max_num_batched_tokens. A decode node that prefills prompts itself (the Conductor's local path)
+    # sets it, so a local prompt adds at most this much to each step of its running requests; a step
+    # without decodes is not capped.
+    max_prefill_tokens_per_step: int | None = None
     enable_prefix_cache: bool = True
     # engine/device.py: "auto" is float32 on CPU (the parity reference) and bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -60,6 +65,8 @@ class EngineConfig:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ConfigError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
+        if self.max_prefill_tokens_per_step is not None and self.max_prefill_tokens_per_step < 1:
+            raise ConfigError(f"max_prefill_tokens_per_step must be >= 1, got {self.max_prefill_tokens_per_step}")
         if self.schedule_policy not in ("fcfs", "lpm", "srpt"):
             raise ConfigError(f"schedule_policy must be 'fcfs', 'lpm' or 'srpt', got {self.schedule_policy!r}")
         if not self.srpt_aging_tokens_per_s > 0:

@@ -112,6 +112,7 @@ class LLMEngine:
             chunked_prefill_size=cfg.chunked_prefill_size, max_running_requests=cfg.max_running_requests,
             schedule_policy=cfg.schedule_policy, enable_prefix_cache=cfg.enable_prefix_cache,
             srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
+            max_prefill_tokens_per_step=cfg.max_prefill_tokens_per_step,
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
         self.decode_kernel = self._decode_kernel(cfg, mc)

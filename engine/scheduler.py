@@ -17,7 +17,9 @@ One step, in order:
    node. A 64-token prompt then starts at the next step instead of after every 1024-token prompt
    ahead of it, and aging bounds how long a long prompt can be passed over.
 Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
-mixes decode tokens with prefill chunks (continuous batching).
+mixes decode tokens with prefill chunks (continuous batching). `max_prefill_tokens_per_step` caps
+the prompt tokens of a step that also decodes (a decode node that prefills prompts itself keeps
+its TPOT; idle, it prefills at full speed).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class SchedulerConfig:
     schedule_policy: Literal["fcfs", "lpm", "srpt"] = "fcfs"
     enable_prefix_cache: bool = True
     srpt_aging_tokens_per_s: float = 256.0
+    max_prefill_tokens_per_step: int | None = None  # None: prompts share the whole budget
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
@@ -130,13 +133,22 @@ class Scheduler:
         # Decodes before chunked prefills so a long prompt never starves token generation.
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
-        srpt = cfg.schedule_policy == "srpt"
-        for req in decodes if srpt else decodes + prefills:
+        for req in decodes:
             budget = self._run(req, budget, scheduled, retracted)
-        if srpt:
+        # Prompt tokens (chunked prefills, admissions) take at most max_prefill_tokens_per_step of
+        # what the decodes left: a decode node prefilling a prompt itself keeps its steps short. With
+        # no decode in the step there is no token latency to protect: prompts get the whole budget.
+        cap = cfg.max_prefill_tokens_per_step
+        held_back = max(0, budget - cap) if cap is not None and scheduled else 0
+        budget -= held_back
+        if cfg.schedule_policy == "srpt":
             budget = self._shortest_first(prefills, budget, scheduled, retracted)
-        elif not retracted:
-            budget = self._admit(budget, scheduled)
+        else:
+            for req in prefills:
+                budget = self._run(req, budget, scheduled, retracted)
+            if not retracted:
+                budget = self._admit(budget, scheduled)
+        budget += held_back
         self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
         return ScheduledBatch(items=list(scheduled.values()), retracted=retracted)
 

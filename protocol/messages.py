@@ -31,6 +31,9 @@ class NodeRequest:
     params: SamplingParams
     bootstrap_address: str = ""    # decode side: the prefill node's kvtransfer bootstrap endpoint
     reply_address: str = ""        # decode / mixed: the caller's zmq PULL socket for the tokens ("": none)
+    # decode side: no prefill node; the decode node prefills the prompt itself, chunked into its own
+    # steps under its per-step prompt budget (the Conductor's local path, conductor/split_or_local.py)
+    local_prefill: bool = False
 
 
 # The finish reason of a request a node refused for want of capacity (its bounded waiting queue was

@@ -3,6 +3,7 @@
     raypd-pd      raypd serve: 1 prefill + 1 decode node, cost routing
     raypd-pd-rr   the same with the round_robin policy
     raypd-mixed   raypd serve --mixed-nodes 2: two colocated nodes (the replica-fleet baseline)
+    raypd-adaptive  raypd-pd with --adaptive: the Conductor chooses split or local per request
     llamacpp      llama.cpp's llama-server on the GGUF raypd serves by default, one slot per
                   concurrent request, prompt caching on (`cache_prompt` in every request)
     llamacpp-t1   the same with one thread: on a busy shared machine llama.cpp's threads wait for
@@ -32,7 +33,8 @@ import psutil
 
 RAYPD_SYSTEMS = {"raypd-pd": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost"],
                  "raypd-pd-rr": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "round_robin"],
-                 "raypd-mixed": ["--mixed-nodes", "2"]}
+                 "raypd-mixed": ["--mixed-nodes", "2"],
+                 "raypd-adaptive": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost", "--adaptive"]}
 LLAMACPP_SYSTEMS = ("llamacpp", "llamacpp-t1")
 SYSTEMS = (*RAYPD_SYSTEMS, *LLAMACPP_SYSTEMS)
 

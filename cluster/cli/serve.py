@@ -54,6 +54,13 @@ def add_serve_parser(sub) -> None:
                    help="put each node actor on a Ray node labelled raypd.io/role=<its role> (cluster.yaml, Helm)")
     p.add_argument("--policy", default="cost", help="the Conductor's routing policy (default: cost)")
     p.add_argument("--topology", help="network topology file for the Conductor")
+    p.add_argument("--adaptive", action="store_true",
+                   help="per request, the Conductor chooses the split path or lets the decode node prefill the "
+                        "prompt itself (short or mostly cached prompts, a long prefill queue)")
+    p.add_argument("--local-prefill-budget", type=int, default=32, metavar="TOKENS",
+                   help="with --adaptive: prompt tokens a decode node computes per step while it decodes, so "
+                        "its running requests keep their TPOT (default 32, sized for a CPU core; a GPU node "
+                        "takes a few hundred)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require this bearer key (default: $RAYPD_API_KEY; none if unset)")
@@ -103,7 +110,7 @@ def config_from_args(args):
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
         retry_limit=args.retry_limit, migration_limit=args.migration_limit,
         max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=args.max_queued_requests,
-        ttft_slo_s=args.ttft_slo)
+        ttft_slo_s=args.ttft_slo, adaptive=args.adaptive, local_prefill_budget=args.local_prefill_budget)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -1,8 +1,9 @@
 """ConductorRouter: the routing seam answered by the Conductor actor, with a local fallback.
 
 route() asks the Conductor for a decision (its policy weighs cache matches, load and topology) and
-maps the chosen node names to the current handles of the caller's NodeSet. After the request,
-delivered() tells the Conductor how many prompt tokens the prefill node actually served from cache,
+maps the chosen node names to the current handles of the caller's NodeSet. A decision on the local
+path (RouteDecision.path, conductor/split_or_local.py) is routed to the decode node alone. After the
+request, delivered() tells the Conductor how many prompt tokens the prefill node actually served from cache,
 so it can compare them with its prediction. Mixed nodes serve a request alone: the prefill choice
 is used.
 
@@ -79,6 +80,11 @@ class ConductorRouter(Router):
         """The handles of the decision's nodes, or the fallback's route when they are not live here."""
         prefill, decode = self.nodes.get(d.prefill_node), self.nodes.get(d.decode_node)
         live = {n.name for n in self.nodes.live()}
+        if d.path == "local":  # the decode node prefills the prompt itself
+            if decode is None or decode.name not in live:
+                return await self._fall_back(request_id, prompt_token_ids, exclude,
+                                             f"the Conductor chose {d.decode_node} alone, not live here")
+            return Route(decode)
         if prefill is None or decode is None or not {prefill.name, decode.name} <= live:
             return await self._fall_back(request_id, prompt_token_ids, exclude,
                                          f"the Conductor chose {d.prefill_node}/{d.decode_node}, not live here")

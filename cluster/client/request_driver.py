@@ -2,8 +2,9 @@
 
 PD: mint the room id, start the prefill (its result carries the prefill-side timings), call the
 decode node's generate(), and relay its tokens until the final chunk. Mixed: the same with a mixed
-node's generate(). Tokens come over pyzmq to the driver's one TokenReceiver (one message per engine
-step per caller: the measured cheap path, see node/streams.py); the request's end and a node's
+node's generate(); local (a decode node prefills the prompt itself): the same with the decode node's
+generate() and NodeRequest.local_prefill. Tokens come over pyzmq to the driver's one TokenReceiver
+(one message per engine step per caller: the measured cheap path, see node/streams.py); the request's end and a node's
 death come over Ray, as the generate() call's return or error. Whatever happens - a node dies,
 nothing comes within chunk_timeout_s, tokens get lost, the caller stops reading - the caller gets a
 final chunk, and both nodes are told to abort a request that did not end there (also the prefill
@@ -71,12 +72,13 @@ class RequestDriver:
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                        prefill: NodeHandle, decode: NodeHandle | None = None) -> AsyncGenerator[TokenChunk, None]:
         """The request's chunks, the last one final. `prefill` takes the prompt and hands its KV to
-        `decode`; a mixed node does both: pass it as `prefill`, with no `decode`."""
+        `decode`; a mixed node does both, and so does a decode node on the Conductor's local path
+        (it prefills the prompt itself): pass it as `prefill`, with no `decode`."""
         if decode is None:
-            if prefill.role != Role.MIXED:
+            if not prefill.role.serves_decode:
                 raise ValueError(f"{prefill.name} is a {prefill.role} node: it needs a decode node")
             req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
-                              reply_address=self.receiver.address)
+                              reply_address=self.receiver.address, local_prefill=prefill.role == Role.DECODE)
             async with aclosing(self._relay(prefill, req, self.receiver.open(req.request_id), None)) as chunks:
                 async for chunk in chunks:
                     yield replace(chunk, failed_node=prefill.name) if chunk.error else chunk

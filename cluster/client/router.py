@@ -29,7 +29,8 @@ class NoNodeError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Nodes for one request: a prefill node and a decode node, or a mixed node alone (decode None)."""
+    """Nodes for one request: a prefill node and a decode node, or one node alone (decode None): a
+    mixed node, or a decode node that prefills the prompt itself (the Conductor's local path)."""
     prefill: NodeHandle
     decode: NodeHandle | None = None
 

@@ -19,7 +19,7 @@ from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, gpus_per_node
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
-from raypd.conductor.config import ConductorConfig
+from raypd.conductor.config import ConductorConfig, LocalPrefillConfig
 from raypd.conductor.topology import Topology
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.protocol.roles import Role
@@ -65,6 +65,10 @@ class ClusterSpec:
     policy: str | None = None
     topology_file: str | None = None
     conductor_options: dict = field(default_factory=dict)  # ConductorConfig fields
+    # Split or local per request (conductor/split_or_local.py): None = always split; else the
+    # Conductor may let a decode node prefill a prompt itself, and decode nodes compute at most this
+    # many prompt tokens per step (EngineConfig.max_prefill_tokens_per_step). Needs a policy and PD nodes.
+    local_prefill_budget: int | None = None
     # How many times Ray restarts a node actor that died (SIGKILL, OOM, an engine crash): the same
     # name and constructor args, a fresh engine; the node pool re-attaches it. 0: a death is final.
     max_node_restarts: int = 0
@@ -83,6 +87,11 @@ class ClusterSpec:
         check_gpus_per_node(self.gpus_per_node)
         if self.max_node_restarts < 0:
             raise ValueError("max_node_restarts must be >= 0")
+        if self.local_prefill_budget is not None:
+            if self.local_prefill_budget < 1:
+                raise ValueError("local_prefill_budget must be >= 1 prompt tokens per step")
+            if self.policy is None or not self.decode_nodes:
+                raise ValueError("local prefill needs a Conductor policy and decode nodes (it chooses per request)")
 
     def roles(self) -> list[Role]:
         return [Role.PREFILL] * self.prefill_nodes + [Role.DECODE] * self.decode_nodes + [Role.MIXED] * self.mixed_nodes
@@ -174,6 +183,9 @@ class NodeCluster:
 
 def _start_conductor(spec: ClusterSpec, policy: str):
     config = replace(ConductorConfig(), policy=policy, **spec.conductor_options)
+    if spec.local_prefill_budget is not None and "local_prefill" not in spec.conductor_options:
+        config = replace(config, local_prefill=LocalPrefillConfig(enabled=True,
+                                                                  step_budget_tokens=spec.local_prefill_budget))
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
     conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
@@ -189,7 +201,9 @@ def _start_conductor(spec: ClusterSpec, policy: str):
 def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict):
     module, cls_name = NODE_CLASSES[role]
     cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
-    options = {**spec.engine_options, **spec.role_engine_options.get(role, {}), **engine_options}
+    budget = {"max_prefill_tokens_per_step": spec.local_prefill_budget} \
+        if role is Role.DECODE and spec.local_prefill_budget is not None else {}
+    options = {**spec.engine_options, **budget, **spec.role_engine_options.get(role, {}), **engine_options}
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,
               "data_plane_secret": spec.data_plane_secret}
     if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint

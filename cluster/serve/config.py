@@ -59,6 +59,11 @@ class ServeConfig:
     max_ongoing_requests: int | None = None
     max_queued_requests: int | None = None
     ttft_slo_s: float | None = None       # the Conductor rejects (429) a request whose estimated TTFT exceeds it
+    # Adaptive disaggregation (conductor/split_or_local.py): per request, the Conductor chooses the
+    # split path or lets the decode node prefill the prompt itself, at most local_prefill_budget
+    # prompt tokens per decode step so its running requests keep their TPOT.
+    adaptive: bool = False
+    local_prefill_budget: int = 32
     app_name: str = "raypd"
     # Proven by every data plane connection (kvtransfer/data_plane_auth.py). None: taken from the
     # environment variable RAYPD_DATA_PLANE_SECRET (the Helm chart fills it from a Kubernetes Secret),
@@ -112,6 +117,10 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
                 raise ServeConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}")
+        if self.adaptive and not self.decode_nodes:
+            raise ServeConfigError("--adaptive chooses between prefill and decode nodes: it needs both")
+        if not isinstance(self.local_prefill_budget, int) or self.local_prefill_budget < 1:
+            raise ServeConfigError("--local-prefill-budget must be an integer >= 1 (prompt tokens per decode step)")
         if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
             raise ServeConfigError("--ttft-slo must be > 0 seconds")
         self.admission_limits()  # the engine options it reads are valid
@@ -174,4 +183,5 @@ class ServeConfig:
                            gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name,
                            policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts,
                            data_plane_secret=self.secret,
+                           local_prefill_budget=self.local_prefill_budget if self.adaptive else None,
                            conductor_options={} if self.ttft_slo_s is None else {"ttft_slo_s": self.ttft_slo_s})

@@ -6,7 +6,11 @@ SimPrefillNode: one request at a time in FIFO order (prefill is compute-bound, s
   (KV events) and sends the KV to the decode node through its NIC, which serves transfers FIFO.
 SimDecodeNode: continuous batching as a fluid - every running sequence advances at one token per
   step, a step of b sequences over c context tokens takes profile.decode_step(b, c); a request
-  waits when the batch or the KV capacity is full. Events are only joins and completions.
+  waits when the batch or the KV capacity is full. Events are only joins and completions. On the
+  Conductor's local path it also prefills prompts itself, first come first served, `local_budget`
+  prompt tokens per step while it decodes (each such step costs that chunk's prefill time on top;
+  with nothing decoding, the whole prompt at once, as the engine does); a prompt done
+  there has its first token and joins the batch like one whose KV landed.
 """
 from __future__ import annotations
 
@@ -138,9 +142,18 @@ class _Seq:
     ctx: float
 
 
+@dataclass(slots=True)
+class _LocalPrompt:
+    out: Outcome
+    remaining: float      # prompt tokens still to compute here
+
+
 class SimDecodeNode:
-    def __init__(self, name: str, host: str, profile: HardwareProfile, block_size: int, unit: int):
+    def __init__(self, name: str, host: str, profile: HardwareProfile, block_size: int, unit: int,
+                 local_budget: int = 32):
         self.name, self.host, self.profile, self.block_size, self.unit = name, host, profile, block_size, unit
+        self.local_budget = local_budget
+        self.local: deque[_LocalPrompt] = deque()
         self.running: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self.inflight = 0               # KV transfers on their way here
@@ -151,21 +164,38 @@ class SimDecodeNode:
         self.step_s = 0.0
 
     def _step(self) -> float:
-        return self.profile.decode_step(len(self.running), self.ctx_sum)
+        p = self.profile
+        step = p.decode_step(len(self.running), self.ctx_sum) if self.running else p.decode_base_s
+        if self.local:
+            step += p.prefill_time(int(self._chunk()), 0)
+        return step
+
+    def _chunk(self) -> float:
+        """Prompt tokens a step computes: the budget while sequences decode, else all that is left
+        of the head prompt (the engine caps only steps that also decode)."""
+        head = self.local[0].remaining
+        return min(self.local_budget, head) if self.running else head
+
+    def _steps_to_next_event(self) -> float:
+        """Steps until a running sequence finishes or the local prompt at the head is computed."""
+        m = min((s.remaining for s in self.running), default=float("inf"))
+        if self.local:
+            m = min(m, self.local[0].remaining / self._chunk())
+        return m
 
     def advance(self, now: float) -> list[Outcome]:
-        """Progress the batch to `now`; returns the requests that finished."""
+        """Progress the batch (and a local prompt) to `now`; returns the requests that finished."""
         done: list[Outcome] = []
         t = self.last
-        while self.running and t < now:
+        while (self.running or self.local) and t < now:
             step = self._step()
-            m = min(s.remaining for s in self.running)
+            m = self._steps_to_next_event()
             dt = m * step
             if t + dt <= now + 1e-12:
                 t += dt
+                self._progress(m)
                 keep = []
                 for s in self.running:
-                    s.remaining -= m
                     if s.remaining <= 1e-9:
                         s.out.finished = t
                         done.append(s.out)
@@ -174,26 +204,49 @@ class SimDecodeNode:
                     else:
                         keep.append(s)
                 self.running = keep
+                if self.local and self.local[0].remaining <= 1e-9:
+                    out = self.local.popleft().out
+                    out.first_token = out.prefill_end = t
+                    if out.req.output_len <= 1:
+                        out.finished = t
+                        done.append(out)
+                    else:
+                        self._join(out, t)
                 self._admit(t)
             else:
-                k = (now - t) / step
-                for s in self.running:
-                    s.remaining -= k
+                self._progress((now - t) / step)
                 t = now
         self.last = now
         self.step_s = self._step() if self.running else 0.0
         return done
 
+    def _progress(self, steps: float) -> None:
+        for s in self.running:
+            s.remaining -= steps
+        if self.local:
+            self.local[0].remaining -= steps * self._chunk()
+
+    def prefill_locally(self, out: Outcome, now: float) -> None:
+        """The Conductor's local path: compute the prompt here (the caller advanced to `now`)."""
+        out.prefill_start = now
+        self.local.append(_LocalPrompt(out, float(out.req.input_len)))
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        return int(sum(p.remaining for p in self.local))
+
     def arrive(self, out: Outcome, now: float) -> None:
         """KV landed: the first token is out; the rest is decoded here."""
         self.inflight -= 1
-        ctx = out.req.input_len + out.req.output_len / self.unit / 2   # mean context while decoding
-        seq = _Seq(out, float(out.req.output_len - 1), ctx)
-        if seq.remaining <= 0:
+        if out.req.output_len <= 1:
             out.finished = now
             return
-        self.waiting.append(seq)
+        self._join(out, now)
         self._admit(now)
+
+    def _join(self, out: Outcome, now: float) -> None:
+        ctx = out.req.input_len + out.req.output_len / self.unit / 2   # mean context while decoding
+        self.waiting.append(_Seq(out, float(out.req.output_len - 1), ctx))
 
     def _admit(self, now: float) -> None:
         cap = self.profile.decode_kv_tokens
@@ -206,9 +259,9 @@ class SimDecodeNode:
             self.ctx_sum += s.ctx
 
     def next_completion(self) -> float | None:
-        if not self.running:
+        if not self.running and not self.local:
             return None
-        return self.last + min(s.remaining for s in self.running) * self._step()
+        return self.last + self._steps_to_next_event() * self._step()
 
     @property
     def free_tokens(self) -> float:

@@ -67,6 +67,7 @@ def summarize(res: RunResult, ttft_slo_s: float, tpot_slo_s: float, span_s: floa
         "prefill_busy_share": res.busy_share,
         "migrations": res.migrations, "fetches": res.fetches, "copy_gbytes": res.copy_bytes / 1e9,
         "branches": res.branches,
+        "local_share": sum(o.decode == o.prefill for o in outs) / len(outs) if outs else 0.0,
         "decision_latency_us": {k: v * 1e6 for k, v in pct(res.decision_latency_s).items()},
         "sim_wall_s": res.wall_s,
     }

@@ -4,7 +4,9 @@ Event loop on a virtual clock (a heap of (time, order, kind, payload)). The wiri
 cluster: a node's KV events and load reports reach the Conductor in batches at most every
 report_interval_s after a change (so the Conductor sees stale load, as it would); fetches
 (Branch B) and migrations copy blocks node to node through the source's NIC, and the target's
-cache publishes them; the Conductor learns of copies only from those events.
+cache publishes them; the Conductor learns of copies only from those events. A policy name may
+carry suffixes: `+migration` (hot-prefix migration on) and `+local` (split or local per request,
+conductor/split_or_local.py: a decision on the local path prefills on its decode node).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from raypd.conductor.config import LocalPrefillConfig
 from raypd.conductor.core import ConductorCore
 from raypd.conductor.errors import AdmissionRejected
 from raypd.conductor.migration import MigrationPlan
@@ -50,7 +53,7 @@ class Simulation:
     def __init__(self, profile: HardwareProfile, policy: str, *, prefill_nodes: int, decode_nodes: int,
                  block_size: int = 16, unit: int = 1, migration: bool = False, report_interval_s: float = 0.05,
                  sample_interval_s: float = 1.0, tick_interval_s: float = 1.0, config_overrides: dict | None = None,
-                 migration_overrides: dict | None = None):
+                 migration_overrides: dict | None = None, local_prefill_budget: int = 32):
         self.profile = profile
         self.unit = unit
         self.block_size = block_size
@@ -65,9 +68,13 @@ class Simulation:
         order = _interleave(prefill_nodes, decode_nodes)
         self.prefill: dict[str, SimPrefillNode] = {}
         self.decode: dict[str, SimDecodeNode] = {}
-        cfg = conductor_config(profile, policy.split("+")[0], migration=migration or policy.endswith("+migration"),
-                               block_size=block_size, migration_overrides=migration_overrides,
-                               **(config_overrides or {}))
+        base, *flags = policy.split("+")
+        budget = max(1, local_prefill_budget // unit)     # in the run's token unit
+        overrides = dict(config_overrides or {})
+        if "local" in flags:
+            overrides["local_prefill"] = LocalPrefillConfig(enabled=True, step_budget_tokens=budget)
+        cfg = conductor_config(profile, base, migration=migration or "migration" in flags,
+                               block_size=block_size, migration_overrides=migration_overrides, **overrides)
         self.core = ConductorCore(cfg, self.topology, clock=lambda: self.now)
         self.policy_name = policy
         self.nodes: dict[str, SimPrefillNode | SimDecodeNode] = {}
@@ -78,7 +85,7 @@ class Simulation:
                 node = SimPrefillNode(f"p{len(self.prefill)}", host, profile, block_size)
                 self.prefill[node.name] = node
             else:
-                node = SimDecodeNode(f"d{len(self.decode)}", host, profile, block_size, unit)
+                node = SimDecodeNode(f"d{len(self.decode)}", host, profile, block_size, unit, budget)
                 self.decode[node.name] = node
             self.nodes[node.name] = node
             self.core.register_node(node.name, roles[k], HostInfo(host, "", host, 0))
@@ -153,6 +160,15 @@ class Simulation:
                       predicted_cached=d.predicted_cached_tokens)
         self.outcomes.append(out)
         dec = self.decode[d.decode_node]
+        if d.path == "local":
+            for done in dec.advance(self.now):
+                self._finished(done)
+            dec.prefill_locally(out, self.now)
+            self._schedule_decode(dec)
+            self._dirty(dec.name)
+            for plan in self.core.take_migrations():
+                self._migrate(plan)
+            return
         dec.inflight += 1
         job = Job(out, dec)
         target = self.prefill[d.prefill_node]
@@ -229,7 +245,8 @@ class Simulation:
         else:
             node.advance(self.now)
             bs = self.block_size
-            r = LoadReport(name, Role.DECODE, queued_prefill_tokens=0, waiting=len(node.waiting),
+            r = LoadReport(name, Role.DECODE, queued_prefill_tokens=node.queued_prefill_tokens,
+                           waiting=len(node.waiting) + node.inflight + len(node.local),
                            running=len(node.running), free_blocks=int(node.free_tokens // bs),
                            total_blocks=int(self.profile.decode_kv_tokens // bs), cached_blocks=0,
                            inflight=node.inflight, step_time_s=node.step_s, timestamp=self.now)

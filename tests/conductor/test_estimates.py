@@ -26,7 +26,16 @@ def test_decode_model_fits_reports_and_keeps_prior_when_unidentifiable():
     m = DecodeStepModel(base_s=0.01, per_seq_s=0.001)
     for _ in range(10):
         m.observe(8, 0.04)
-    assert (m.base_s, m.per_seq_s) == (0.01, 0.001)         # one batch size: no slope
+    assert (m.base_s, m.per_seq_s) == (0.01, 0.001)         # not refitted before 16 reports
     for b in (8, 16, 24, 32) * 6:
         m.observe(b, 0.0167 + 0.00292 * b)
     assert m.per_seq_s == pytest.approx(0.00292, rel=0.01) and m.base_s == pytest.approx(0.0167, rel=0.01)
+
+
+def test_one_batch_size_moves_the_base_to_what_nodes_measure():
+    """A slower machine than the prior's: the slope cannot be fitted from one batch size, but the
+    estimate at that size must still meet the measurement."""
+    m = DecodeStepModel(base_s=0.0167, per_seq_s=0.00292)
+    for _ in range(16):
+        m.observe(8, 0.15)
+    assert m.per_seq_s == 0.00292 and float(m.step_time(8)) == pytest.approx(0.15)

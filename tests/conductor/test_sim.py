@@ -51,6 +51,46 @@ def test_decode_fluid_batching_times():
     assert outs[0].tpot == pytest.approx(step)
 
 
+def test_a_local_prompt_takes_its_budget_per_step_then_decodes_in_the_batch():
+    from raypd.conductor.sim.nodes import Outcome
+    from raypd.conductor.sim.workload import SimRequest
+
+    node = SimDecodeNode("d", "h", CPU, 16, 1, local_budget=32)
+    running = Outcome(SimRequest("running", 0.0, 100, 101, (0,), 16))
+    node.inflight += 1
+    node.arrive(running, 0.0)
+    local = Outcome(SimRequest("local", 0.0, 64, 3, (1,), 16))
+    node.prefill_locally(local, 0.0)
+    assert node.queued_prefill_tokens == 64
+    step = CPU.decode_step(1, 0.0) + CPU.prefill_time(32, 0)    # the decode step plus a 32-token chunk
+    assert node.next_completion() == pytest.approx(2 * step)     # 64 tokens, 32 a step
+    assert node.advance(2 * step) == [] and local.first_token == pytest.approx(2 * step)
+    assert node.queued_prefill_tokens == 0 and len(node.running) == 2
+    done = node.advance(10.0)
+    assert local in done and local.finished == pytest.approx(2 * step + 2 * CPU.decode_step(2, 0.0))
+
+
+def test_local_path_in_the_simulator_serves_short_prompts_behind_long_ones():
+    """Long prompts keep the one prefill node busy; with +local the Conductor lets the decode node
+    prefill the short ones, and they reach their first token sooner."""
+    from raypd.conductor.sim.workload import SimRequest
+
+    reqs = []
+    for i in range(24):
+        long_ = i % 3 == 0
+        n = 2048 if long_ else 48
+        reqs.append(SimRequest(f"r{i}", i * 0.2, n, 8 if long_ else 16, tuple(range(1000 * i, 1000 * i + n // 16 + 1)), 16))
+    out = {}
+    for policy in ("cost", "cost+local"):
+        sim = Simulation(CPU, policy, prefill_nodes=1, decode_nodes=1)
+        res = sim.run(reqs)
+        assert len(res.outcomes) == len(reqs) and all(o.finished >= o.first_token > o.arrival for o in res.outcomes)
+        short = sorted(o.ttft for o in res.outcomes if o.req.input_len < 100)
+        out[policy] = (short[len(short) // 2], sim.core.num_local)
+    assert out["cost"][1] == 0 and out["cost+local"][1] > 0
+    assert out["cost+local"][0] < out["cost"][0]
+
+
 def test_profiles_in_other_units_keep_times():
     g32 = GPU.in_units_of(32)
     assert g32.prefill_time(100, 50) == pytest.approx(GPU.prefill_time(3200, 1600))

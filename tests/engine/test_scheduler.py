@@ -435,6 +435,40 @@ def test_srpt_aging_lets_a_long_prompt_pass_newer_short_ones(sim, waited_s, firs
     s.check_drained()
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "srpt"])
+def test_prefill_cap_bounds_prompt_tokens_per_step_after_the_decodes(sim, policy):
+    """A decode node prefilling a prompt itself: its decodes keep the step, prompts get at most the cap."""
+    s = sim(64, schedule_policy=policy, max_num_batched_tokens=64, chunked_prefill_size=64,
+            max_prefill_tokens_per_step=3)
+    s.add("d1", [1], 6)
+    s.add("d2", [2], 6)
+    assert plan(s.step()) == [("d1", 0, 1), ("d2", 0, 1)]   # two 1-token prompts: 2 <= 3
+    s.add("p", list(range(10, 18)), 1)
+    s.add("q", [40, 41], 1)
+    steps = [plan(s.step()) for _ in range(3)]
+    assert steps[0] == [("d1", 1, 1), ("d2", 1, 1), ("p", 0, 3)] if policy == "fcfs" else \
+        steps[0] == [("d1", 1, 1), ("d2", 1, 1), ("q", 0, 2), ("p", 0, 1)]
+    for step in steps:
+        prompt_tokens = sum(n for rid, _, n in step if rid in ("p", "q"))
+        assert prompt_tokens <= 3
+        assert [rid for rid, _, _ in step[:2]] == ["d1", "d2"]    # every decode runs in every step
+    s.run()
+    s.check_drained()
+
+
+def test_prefill_cap_applies_only_to_steps_that_decode(sim):
+    """While a request decodes, the prompt gets the cap; once nothing decodes, the whole budget."""
+    s = sim(64, max_num_batched_tokens=8, chunked_prefill_size=8, max_prefill_tokens_per_step=2)
+    s.add("d", [50], 3)
+    assert plan(s.step()) == [("d", 0, 1)]
+    s.add("p", list(range(1, 21)), 1)
+    assert plan(s.step()) == [("d", 1, 1), ("p", 0, 2)]
+    assert plan(s.step()) == [("d", 2, 1), ("p", 2, 2)]        # d's third token ends it
+    assert plan(s.step()) == [("p", 4, 8)]
+    s.run()
+    s.check_drained()
+
+
 # -- admission headroom ---------------------------------------------------------------------------
 def test_admission_reserves_room_for_running_requests_future_tokens(sim):
     # ratio 1.0, no decay: every running request's remaining max_tokens must fit.
@@ -746,7 +780,8 @@ def test_random_workloads_finish_with_exact_accounting(sim, seed):
     s = sim(num_blocks, block_size=bs, max_num_batched_tokens=rng.randint(1, 12),
             chunked_prefill_size=rng.choice([0, 2, 3, 100]), max_running_requests=rng.randint(1, 4),
             schedule_policy=rng.choice(["fcfs", "lpm", "srpt"]), enable_prefix_cache=rng.random() < 0.8,
-            init_new_token_ratio=rng.choice([0.0, 0.5, 1.0]), new_token_ratio_decay=rng.choice([0.0, 0.1]))
+            init_new_token_ratio=rng.choice([0.0, 0.5, 1.0]), new_token_ratio_decay=rng.choice([0.0, 0.1]),
+            max_prefill_tokens_per_step=rng.choice([None, None, 1, 2, 5]))
     pending = []
     for i in range(rng.randint(1, 7)):
         while True:

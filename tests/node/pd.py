@@ -15,7 +15,7 @@ import zmq
 
 from raypd.kvtransfer import TransferConfig
 from raypd.kvtransfer.data_plane_auth import as_server, process_secret
-from raypd.protocol.messages import NodeRequest, TokenChunk, unpack_chunks
+from raypd.protocol.messages import NodeRequest, StreamEnd, TokenChunk, unpack_chunks
 from raypd.protocol.sampling_params import SamplingParams
 
 # 16 blocks of 16 tokens, prefill chunks of 16 tokens: a 40-token prompt takes three steps.
@@ -51,6 +51,15 @@ def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = WA
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+def stream_tokens(sink: TokenSink, end: StreamEnd) -> list[int]:
+    """The tokens the request's stream carried: exactly one final chunk, equal to generate()'s."""
+    chunks = sink.chunks(end.final.request_id)
+    assert sum(c.finished for c in chunks) == 1 and chunks[-1] == end.final
+    out = [t for c in chunks for t in c.token_ids]
+    assert len(out) == end.num_tokens
+    return out
 
 
 class TokenSink:

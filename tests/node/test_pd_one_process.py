@@ -15,7 +15,7 @@ import torch
 
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.prefill_node.prefill_node import PrefillNode
-from raypd.protocol.messages import NodeRequest, PrefillResult, StreamEnd
+from raypd.protocol.messages import NodeRequest, PrefillResult
 from raypd.protocol.roles import Role
 from tests.node.pd import (
     ENDLESS,
@@ -27,6 +27,7 @@ from tests.node.pd import (
     prompt,
     request,
     stop_nodes,
+    stream_tokens,
     wait_queue,
 )
 
@@ -65,13 +66,6 @@ def pd_request(nodes, sink, ids, params=GREEDY) -> NodeRequest:
     return request(ids, params, nodes[0].sender.bootstrap_address, sink.address)
 
 
-def tokens(sink: TokenSink, end: StreamEnd) -> list[int]:
-    """The tokens the request's stream carried: exactly one final chunk, equal to generate()'s."""
-    chunks = sink.chunks(end.final.request_id)
-    assert sum(c.finished for c in chunks) == 1 and chunks[-1] == end.final
-    out = [t for c in chunks for t in c.token_ids]
-    assert len(out) == end.num_tokens
-    return out
 
 
 def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_llm):
@@ -91,7 +85,7 @@ def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_l
     assert p_info["role"] == Role.PREFILL and d_info["role"] == Role.DECODE and "bootstrap_address" in p_info
     assert (p_info["num_blocks"], d_info["num_blocks"], p_info["block_size"]) == (PREFILL_BLOCKS, DECODE_BLOCKS, 16)
     want = [o.token_ids for o in make_llm(**ENGINE).generate([list(p) for p in prompts], GREEDY)]
-    assert [tokens(sink, end) for end in ends] == want
+    assert [stream_tokens(sink, end) for end in ends] == want
     for res, end in zip(prefilled, ends):
         assert isinstance(res, PrefillResult) and res.ok and res.error is None
         assert set(res.timings) == {"bootstrap_s", "queue_s", "prefill_s", "transfer_s", "total_s",
@@ -148,8 +142,8 @@ def test_abort_while_the_prefill_waits_in_the_engine(nodes, sink, who):
     else:
         assert res.error == "aborted by the receiver: aborted by the client"
         assert end.final.finish_reason == "abort" and end.final.error is None
-    tokens(sink, end)
-    assert held_res.ok and held_end.final.finish_reason in ("stop", "length") and tokens(sink, held_end)
+    stream_tokens(sink, end)
+    assert held_res.ok and held_end.final.finish_reason in ("stop", "length") and stream_tokens(sink, held_end)
 
 
 @pytest.mark.parametrize("revocable", [True, False], ids=["refusable-writes", "one-sided-writes"])
@@ -192,7 +186,7 @@ def test_abort_while_the_kv_is_in_flight(nodes, sink, who, revocable):
     res, end = asyncio.run(main())
     assert not res.ok and res.error == ("aborted by the client" if who == "prefill"
                                         else "aborted by the receiver: aborted by the client")
-    assert end.final.finish_reason == "abort" and not tokens(sink, end)
+    assert end.final.finish_reason == "abort" and not stream_tokens(sink, end)
 
 
 async def wait_until_async(read, ok, timeout_s: float = 20.0):
@@ -224,7 +218,7 @@ def test_abort_in_prealloc_and_in_transfer(nodes, sink):
         return big_end, await held
     big_end, held_end = asyncio.run(main())
     for end in (big_end, held_end):
-        assert end.final.finish_reason == "abort" and end.final.error is None and not tokens(sink, end)
+        assert end.final.finish_reason == "abort" and end.final.error is None and not stream_tokens(sink, end)
     assert "kv_wait_s" not in big_end.final.timings and "prealloc_s" in held_end.final.timings
 
 
@@ -248,7 +242,7 @@ def test_abort_while_running(nodes, sink, how):
     res, end = asyncio.run(main())
     assert res.ok  # the prefill side was done: its KV had arrived
     if end is not None:
-        got = tokens(sink, end)
+        got = stream_tokens(sink, end)
         assert end.final.finish_reason == "abort" and 0 < len(got) < ENDLESS.max_tokens
     else:
         final = sink.chunks(req.request_id)[-1]
@@ -274,4 +268,4 @@ def test_requests_either_node_refuses(nodes, sink):
     assert "bootstrap address" in (d_no_address.final.error or "")
     assert "KV blocks" in (d_long.final.error or "")
     for end in (d_no_address, d_long):
-        tokens(sink, end)
+        stream_tokens(sink, end)

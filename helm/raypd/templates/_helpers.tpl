@@ -156,6 +156,10 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- if .Values.topology.config -}}
 {{- $_ := set $args "topology" (printf "%s/topology.yaml" .Values.topology.mountPath) -}}
 {{- end -}}
+{{- if .Values.serve.adaptive -}}
+{{- $_ := set $args "adaptive" true -}}
+{{- $_ := set $args "local_prefill_budget" (int .Values.serve.localPrefillBudget) -}}
+{{- end -}}
 {{- with .Values.serve.admission -}}
 {{- if not (kindIs "invalid" .ttftSlo) -}}{{- $_ := set $args "ttft_slo_s" (float64 .ttftSlo) -}}{{- end -}}
 {{- if not (kindIs "invalid" .maxOngoingRequests) -}}{{- $_ := set $args "max_ongoing_requests" (int .maxOngoingRequests) -}}{{- end -}}

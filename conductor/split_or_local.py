@@ -1,0 +1,113 @@
+"""Split or local, per request: after the policy chose the split path (a prefill node computes the
+prompt and sends its KV to a decode node), whether a decode node should prefill the prompt itself.
+
+The local path on decode node d, which computes at most B prompt tokens per step after its decodes
+(EngineConfig.max_prefill_tokens_per_step = LocalPrefillConfig.step_budget_tokens):
+
+    U_d        = n - cached_d                       its own prefix cache counts: a chat's next turn
+                                                    finds the last turn's KV where it was decoded
+    Q_d        = prompt tokens already queued there (reported + routed since)
+    ttft_d     = ceil((Q_d + U_d) / B) x step_d  +  prefill(Q_d + U_d | cached_d)    (b_d > 0)
+               = prefill(Q_d + U_d | cached_d)                                    (b_d = 0: an idle
+                 decode node's steps are not capped, it prefills like a prefill node)
+    tbt_d      = step_d + prefill(min(B, U_d))      one step of its running requests while it prefills
+    cost_d     = b_d x prefill(U_d)                 the stall all b_d decoding requests share
+
+with b_d the sequences it decodes now (its last report's running; not those waiting for their KV
+or routed since, most of which are still being prefilled elsewhere while a local prompt runs),
+step_d the decode step time at b_d (estimates.DecodeStepModel; at least one sequence's, which is
+what a step costs beside its chunk: the weights are read either way) and prefill the fitted
+prefill time model at the prefill nodes' measured speed (a decode node's own report counts decode
+tokens, not prompt tokens). The Conductor goes local on the d minimising ttft_d + tpot_weight x
+cost_d when that beats the split path's TTFT estimate, the prompt fits d's free KV, and (with a TBT
+SLO) tbt_d stays inside it. The same request then costs no prefill-node queue and no KV transfer,
+and the decode node's running requests pay for it in TPOT, which is what the weight prices.
+
+Every decision records the inputs (LocalEstimate), so `path` can be explained afterwards. With no
+live prefill node at all, the local path serves every request a decode node has room for (Dynamo's
+decode-only fallback) instead of refusing it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from raypd.conductor.config import LocalPrefillConfig
+from raypd.conductor.decision import RouteDecision
+from raypd.conductor.policies.base import RoutingView
+
+
+@dataclass(slots=True)
+class LocalEstimate:
+    """The best local candidate as the Conductor saw it, against the split path's estimate."""
+    node: str
+    cached_tokens: int          # of the prompt, in the decode node's own cache
+    queued_tokens: float        # prompt tokens already queued on it
+    running: float              # sequences it decodes now (the ones a local prefill slows down)
+    steps: int                  # steps until the prompt is computed, B tokens at a time
+    ttft_s: float
+    tbt_s: float                # its step time while it prefills
+    tpot_cost_s: float          # stall summed over its running sequences
+    split_ttft_s: float
+    chosen: bool = False
+    why: str = ""               # why not, when the split path stayed
+
+
+def choose_path(view: RoutingView, split_ttft_s: float, cfg: LocalPrefillConfig,
+                tbt_slo_s: float | None) -> LocalEstimate | None:
+    """The best local candidate against the split path's TTFT estimate (inf: no prefill node), or
+    None when no decode node has KV room for the prompt; `chosen` says whether it wins."""
+    slots = view.decode_slots
+    table = view.table
+    if not len(slots):
+        return None
+    n = view.num_tokens
+    room = table.decode_room_tokens(slots) >= n
+    if not room.any():
+        return None
+    slots = slots[room]
+    cached = view.cached(slots)
+    queued = table.prefill_queue_tokens(slots)
+    running = table.running[slots]
+    step = view.decode_model.step_time(running)
+    pslots = view.prefill_slots
+    speed = float(np.median(view.prefill_model.speeds(table.speed[pslots]))) if len(pslots) \
+        else view.prefill_model.default_speed
+    model = view.prefill_model
+    new = np.maximum(n - cached, 1)
+    budget = cfg.step_budget_tokens
+    steps = np.ceil((queued + new) / budget)
+    ttft = np.where(running > 0, steps * step, 0.0) + model.estimate(queued + new, cached, speed)
+    tbt = step + model.estimate(np.minimum(budget, new), cached, speed)
+    cost = running * model.estimate(new, cached, speed)
+    score = ttft + cfg.tpot_weight * cost
+    i = int(np.argmin(score))
+    est = LocalEstimate(view.names[int(slots[i])], int(cached[i]), float(queued[i]), float(running[i]),
+                        int(steps[i]), float(ttft[i]), float(tbt[i]), float(cost[i]), split_ttft_s)
+    if tbt_slo_s is not None and est.tbt_s > tbt_slo_s:
+        est.why = f"its TBT while prefilling ({est.tbt_s * 1e3:.0f} ms) breaks the TBT SLO"
+    elif float(score[i]) >= split_ttft_s:
+        est.why = "the split path is faster once the running requests' stall is counted"
+    else:
+        est.chosen = True
+    return est
+
+
+def local_decision(view: RoutingView, est: LocalEstimate, split: RouteDecision | None, policy: str) -> RouteDecision:
+    """The request's decision on the local path: the decode node `est.node` serves it alone. The
+    split decision it beat (None: no prefill node) stays visible through est.split_ttft_s and the
+    candidates it recorded."""
+    base = split if split is not None else RouteDecision(
+        request_id=view.request_id, policy=policy, branch="no-prefill-node", prefill_node=est.node,
+        decode_node=est.node, prompt_tokens=view.num_tokens, predicted_cached_tokens=0, local_cached_tokens=0,
+        est_ttft_s=est.ttft_s, best_match_tokens=view.match.best_tokens,
+        best_match_nodes=[view.names[s] for s in view.match.best_slots[:8]],
+        num_decode_candidates=len(view.decode_slots))
+    base.path = "local"
+    base.prefill_node = base.decode_node = est.node
+    base.predicted_cached_tokens = base.local_cached_tokens = est.cached_tokens
+    base.fetch = None
+    base.est_ttft_s, base.est_tbt_s = est.ttft_s, est.tbt_s
+    base.local = est
+    return base
