@@ -7,9 +7,11 @@ The local path on decode node d, which computes at most B prompt tokens per step
     U_d        = n - cached_d                       its own prefix cache counts: a chat's next turn
                                                     finds the last turn's KV where it was decoded
     Q_d        = prompt tokens already queued there (reported + routed since)
-    ttft_d     = ceil((Q_d + U_d) / B) x step_d  +  prefill(Q_d + U_d | cached_d)    (b_d > 0)
-               = prefill(Q_d + U_d | cached_d)                                    (b_d = 0: an idle
-                 decode node's steps are not capped, it prefills like a prefill node)
+    ttft_d     = ceil((Q_d + U_d) / B) x step_d  +  prefill(Q_d + U_d | cached_d)
+               = prefill(Q_d + U_d | cached_d)      when d holds nothing at all: an idle decode
+                 node's steps are not capped, it prefills like a prefill node (with any sequence
+                 running, waiting for KV or routed to it, the capped estimate holds: it will decode
+                 during the prompt's steps)
     tbt_d      = step_d + prefill(min(B, U_d))      one step of its running requests while it prefills
     cost_d     = b_d x prefill(U_d)                 the stall all b_d decoding requests share
 
@@ -78,7 +80,8 @@ def choose_path(view: RoutingView, split_ttft_s: float, cfg: LocalPrefillConfig,
     new = np.maximum(n - cached, 1)
     budget = cfg.step_budget_tokens
     steps = np.ceil((queued + new) / budget)
-    ttft = np.where(running > 0, steps * step, 0.0) + model.estimate(queued + new, cached, speed)
+    idle = table.decode_load(slots) == 0
+    ttft = np.where(idle, 0.0, steps * step) + model.estimate(queued + new, cached, speed)
     tbt = step + model.estimate(np.minimum(budget, new), cached, speed)
     cost = running * model.estimate(new, cached, speed)
     score = ttft + cfg.tpot_weight * cost
@@ -88,7 +91,7 @@ def choose_path(view: RoutingView, split_ttft_s: float, cfg: LocalPrefillConfig,
     if tbt_slo_s is not None and est.tbt_s > tbt_slo_s:
         est.why = f"its TBT while prefilling ({est.tbt_s * 1e3:.0f} ms) breaks the TBT SLO"
     elif float(score[i]) >= split_ttft_s:
-        est.why = "the split path is faster once the running requests' stall is counted"
+        est.why = "the split path is faster" + (" once the running requests' stall is counted" if est.tpot_cost_s else "")
     else:
         est.chosen = True
     return est

@@ -65,6 +65,12 @@ def test_an_idle_decode_node_saves_the_transfer_and_one_decoding_sequence_prices
     # KV moves. With one sequence decoding, that sequence's stall outweighs the transfer saved.
     idle = make().route("chat", CHAT)
     assert idle.path == "local" and idle.local.running == 0 and idle.local.tpot_cost_s == 0
+    # The chat it took is routed to d0 now: its next prompt is estimated at the capped speed.
+    again = make()
+    again.route("first", CHAT)
+    second = again.route("second", DOC[:64])
+    assert second.path == "split" and second.local.steps == 4    # 64 queued + 64 new, 32 a step
+    assert second.local.ttft_s > second.local.split_ttft_s and second.local.why == "the split path is faster"
     core = make()
     core.report_load(load("d0", "decode", running=1, speed=0.0))
     busy = core.route("chat", CHAT)
