@@ -211,17 +211,15 @@ class ConductorCore:
             if not lp.enabled or not len(view.decode_slots):
                 raise
             split = None
-        if not lp.enabled:
-            assert split is not None
+        if split is not None and not lp.enabled:
             return split
         est = choose_path(view, split.est_ttft_s if split is not None else float("inf"), lp, self.config.tbt_slo_s)
         if est is None:
             if split is None:
                 raise NoCandidateError("no live prefill node, and no decode node has KV room for the prompt")
             return split
-        if est.chosen:
+        if est.chosen or split is None:   # no prefill node: local even past a TBT SLO (admission judges it)
             return local_decision(view, est, split, self.policy.name)
-        assert split is not None   # without one the split path costs inf: local always wins
         split.local = est
         return split
 

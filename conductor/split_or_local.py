@@ -82,7 +82,8 @@ def choose_path(view: RoutingView, split_ttft_s: float, cfg: LocalPrefillConfig,
     steps = np.ceil((queued + new) / budget)
     idle = table.decode_load(slots) == 0
     ttft = np.where(idle, 0.0, steps * step) + model.estimate(queued + new, cached, speed)
-    tbt = step + model.estimate(np.minimum(budget, new), cached, speed)
+    # With nothing decoding no one pays a chunk: the TBT that matters is the request's own.
+    tbt = step + np.where(running > 0, model.estimate(np.minimum(budget, new), cached, speed), 0.0)
     cost = running * model.estimate(new, cached, speed)
     score = ttft + cfg.tpot_weight * cost
     i = int(np.argmin(score))
@@ -108,6 +109,8 @@ def local_decision(view: RoutingView, est: LocalEstimate, split: RouteDecision |
         best_match_nodes=[view.names[s] for s in view.match.best_slots[:8]],
         num_decode_candidates=len(view.decode_slots))
     base.path = "local"
+    if split is not None:   # the policy's arm (a fetch, a holder's cache) no longer applies
+        base.branch = "local-prefill"
     base.prefill_node = base.decode_node = est.node
     base.predicted_cached_tokens = base.local_cached_tokens = est.cached_tokens
     base.fetch = None

@@ -65,8 +65,11 @@ class EngineConfig:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ConfigError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
-        if self.max_prefill_tokens_per_step is not None and self.max_prefill_tokens_per_step < 1:
-            raise ConfigError(f"max_prefill_tokens_per_step must be >= 1, got {self.max_prefill_tokens_per_step}")
+        if self.max_prefill_tokens_per_step is not None:
+            if self.max_prefill_tokens_per_step < 1:
+                raise ConfigError(f"max_prefill_tokens_per_step must be >= 1, got {self.max_prefill_tokens_per_step}")
+            if self.chunked_prefill_size <= 0:  # an unchunked prompt cannot be held to a per-step cap
+                raise ConfigError("max_prefill_tokens_per_step needs chunked prefill (chunked_prefill_size > 0)")
         if self.schedule_policy not in ("fcfs", "lpm", "srpt"):
             raise ConfigError(f"schedule_policy must be 'fcfs', 'lpm' or 'srpt', got {self.schedule_policy!r}")
         if not self.srpt_aging_tokens_per_s > 0:

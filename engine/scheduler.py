@@ -148,7 +148,6 @@ class Scheduler:
                 budget = self._run(req, budget, scheduled, retracted)
             if not retracted:
                 budget = self._admit(budget, scheduled)
-        budget += held_back
         self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
         return ScheduledBatch(items=list(scheduled.values()), retracted=retracted)
 

@@ -5,7 +5,8 @@ so no request fails because the Conductor is away. Power of two choices per role
 candidates (minus `exclude`), the one with less work by the node pool's last load report (waiting +
 running requests, plus queued prompt tokens in units of `tokens_per_request`), counting the requests
 this router sent it since that report. Cache-blind by design: the Conductor's index is what knows
-the caches.
+the caches. With decode nodes live and no prefill node, a decode node serves the request alone and
+prefills it itself (the local path, NodeRequest.local_prefill): a slower first token, not a 503.
 """
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ class LocalRouter(Router):
             return Route(self._pick(live[Role.PREFILL]), self._pick(live[Role.DECODE]))
         if live[Role.MIXED]:
             return Route(self._pick(live[Role.MIXED]))
-        raise NoNodeError("no live node can serve (neither a prefill + decode pair nor a mixed node)")
+        if live[Role.DECODE]:   # every prefill node is gone: decode nodes prefill for themselves
+            return Route(self._pick(live[Role.DECODE]))
+        raise NoNodeError("no live node can serve (neither a decode node nor a mixed node)")
 
     def _pick(self, nodes: list[NodeHandle]) -> NodeHandle:
         pair = self._rng.sample(nodes, 2) if len(nodes) > 1 else nodes

@@ -73,8 +73,9 @@ class Membership:
 
     @property
     def can_serve(self) -> bool:
-        """A request can be served: a live prefill and a live decode node, or a live mixed node."""
-        return bool(self.live(Role.PREFILL) and self.live(Role.DECODE)) or bool(self.live(Role.MIXED))
+        """A request can be served: a live decode node (with a live prefill node, or prefilling for
+        itself while none lives: the local path) or a live mixed node."""
+        return bool(self.live(Role.DECODE)) or bool(self.live(Role.MIXED))
 
     def health(self) -> dict:
         """/health's body: the verdict, each node's state and the Conductor's."""

@@ -59,7 +59,7 @@ class Router(ABC):
 
 class RoundRobinRouter(Router):
     """Without a Conductor: each role's nodes in turn; PD when prefill and decode nodes run, else
-    the mixed nodes."""
+    the mixed nodes, else a decode node alone (it prefills the prompt itself)."""
 
     def __init__(self, nodes: NodeSet | Sequence[NodeHandle]):
         self.nodes = NodeSet.of(nodes)
@@ -72,7 +72,9 @@ class RoundRobinRouter(Router):
             return Route(self._next(live, Role.PREFILL), self._next(live, Role.DECODE))
         if live[Role.MIXED]:
             return Route(self._next(live, Role.MIXED))
-        raise NoNodeError("no live node can serve (neither a prefill + decode pair nor a mixed node)")
+        if live[Role.DECODE]:   # every prefill node is gone: decode nodes prefill for themselves
+            return Route(self._next(live, Role.DECODE))
+        raise NoNodeError("no live node can serve (neither a decode node nor a mixed node)")
 
     def _next(self, live: dict[Role, list[NodeHandle]], role: Role) -> NodeHandle:
         nodes = live[role]

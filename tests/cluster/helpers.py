@@ -43,6 +43,17 @@ def run_all(driver: RequestDriver, prompts, params: SamplingParams, router: Rout
     return asyncio.run(main())
 
 
+def kill_and_wait_dead(cluster, victim, within_s: float) -> None:
+    """SIGKILL a node actor (ray.kill), forget it, and wait until the Conductor has marked it dead
+    (its heartbeat timeout), at most within_s seconds."""
+    ray.kill(victim.actor)
+    cluster.remove(victim)
+    deadline = time.monotonic() + within_s
+    while ray.get(cluster.conductor.status.remote(), timeout=30)["nodes"][victim.name]["alive"]:
+        assert time.monotonic() < deadline, f"the Conductor still thinks the killed node {victim.name} is alive"
+        time.sleep(0.2)
+
+
 def assert_idle(nodes, timeout_s: float = 15.0) -> None:
     """Every node's block accounting adds up and nothing is held: no request, room, reservation,
     stream or aux slot. Waits up to timeout_s for endings still in flight (aborts, heartbeats)."""

@@ -14,7 +14,7 @@ from raypd.cluster.client.conductor_router import ConductorRouter
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.protocol.sampling_params import SamplingParams
-from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect
+from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect, kill_and_wait_dead
 from tests.conftest import NEW_TOKENS
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -94,12 +94,7 @@ def test_forced_migration_serves_from_the_copy(cluster, prompt_ids, hf_reference
 
 def test_killed_prefill_node_leaves_routing(cluster, prompt_ids):
     victim = cluster.by_role("prefill")[1]
-    ray.kill(victim.actor)
-    cluster.remove(victim)
-    deadline = time.monotonic() + HEARTBEAT_S + 10
-    while ray.get(cluster.conductor.status.remote())["nodes"][victim.name]["alive"]:
-        assert time.monotonic() < deadline, "the Conductor still thinks the killed node is alive"
-        time.sleep(0.2)
+    kill_and_wait_dead(cluster, victim, HEARTBEAT_S + 10)
     for k, ids in enumerate(prompt_ids):
         d = ray.get(cluster.conductor.route.remote(f"after-{k}", list(ids)))
         assert d.prefill_node != victim.name

@@ -5,7 +5,6 @@ reference; when the prefill node dies, the Conductor routes every request to the
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import ray
@@ -16,7 +15,7 @@ from raypd.cluster.client.router import Route
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.protocol.roles import Role
 from raypd.protocol.sampling_params import SamplingParams
-from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
+from tests.cluster.helpers import FAST_TRANSFER, assert_idle, kill_and_wait_dead, run_all
 from tests.conftest import NEW_TOKENS
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -56,13 +55,7 @@ def test_the_decode_node_prefilling_every_prompt_itself_equals_the_reference(clu
 
 def test_with_the_prefill_node_gone_the_conductor_routes_to_the_decode_node_alone(cluster, prompt_ids,
                                                                                    hf_reference):
-    victim = cluster.by_role("prefill")[0]
-    ray.kill(victim.actor)
-    cluster.remove(victim)
-    deadline = time.monotonic() + HEARTBEAT_S + 15
-    while ray.get(cluster.conductor.status.remote())["nodes"][victim.name]["alive"]:
-        assert time.monotonic() < deadline, "the Conductor still thinks the killed prefill node is alive"
-        time.sleep(0.2)
+    kill_and_wait_dead(cluster, cluster.by_role("prefill")[0], HEARTBEAT_S + 15)
     router = ConductorRouter(cluster.conductor, cluster.nodes)
     routes: list[Route] = asyncio.run(_routes(router, prompt_ids))
     assert all(r.decode is None and r.prefill.role == Role.DECODE for r in routes)

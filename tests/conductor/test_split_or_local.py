@@ -11,7 +11,7 @@ import pytest
 
 from raypd.conductor.config import ConductorConfig, LocalPrefillConfig
 from raypd.conductor.core import ConductorCore
-from raypd.conductor.errors import NoCandidateError
+from raypd.conductor.errors import AdmissionRejected, NoCandidateError
 from tests.conductor.helpers import EventMaker, FakeClock, batch, host, load
 
 BS = 16
@@ -129,6 +129,23 @@ def test_without_prefill_nodes_decode_nodes_serve_alone():
     off.mark_dead("p0", "gone")
     with pytest.raises(NoCandidateError):
         off.route("chat", CHAT)
+
+
+def test_without_prefill_nodes_a_tbt_slo_still_gets_a_clear_answer():
+    """The local path is the only one left; past the TBT SLO, admission refuses it (429), no crash."""
+    core = make(tbt_slo_s=0.03)
+    core.report_load(load("d0", "decode", running=1, speed=0.0))
+    core.mark_dead("p0", "gone")
+    with pytest.raises(AdmissionRejected) as e:
+        core.route("chat", CHAT)
+    assert e.value.reason == "tbt" and e.value.decision.path == "local"
+
+
+def test_a_local_decision_drops_the_policys_arm():
+    core = make()
+    core.report_load(load("p0", "prefill", queued=8192, speed=SPEED))
+    d = core.route("chat", CHAT)
+    assert d.path == "local" and d.branch == "local-prefill" and d.fetch is None
 
 
 def test_off_by_default_and_then_never_weighed():

@@ -456,6 +456,15 @@ def test_prefill_cap_bounds_prompt_tokens_per_step_after_the_decodes(sim, policy
     s.check_drained()
 
 
+def test_prefill_cap_needs_chunked_prefill():
+    from raypd.engine.config import EngineConfig
+    from raypd.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs chunked prefill"):
+        EngineConfig(max_prefill_tokens_per_step=32, chunked_prefill_size=0)
+    assert EngineConfig(max_prefill_tokens_per_step=32).max_prefill_tokens_per_step == 32
+
+
 def test_prefill_cap_applies_only_to_steps_that_decode(sim):
     """While a request decodes, the prompt gets the cap; once nothing decodes, the whole budget."""
     s = sim(64, max_num_batched_tokens=8, chunked_prefill_size=8, max_prefill_tokens_per_step=2)

@@ -6,6 +6,7 @@ an abort and a refused prompt end with one clear answer; after every test both n
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.node.pd import (
     ENGINE,
     GREEDY,
     PATIENT,
+    WAIT_S,
     TokenSink,
     assert_idle,
     prompt,
@@ -39,13 +41,6 @@ def nodes():
         stop_nodes(prefill, decode)
 
 
-@pytest.fixture(scope="module")
-def sink():
-    s = TokenSink()
-    yield s
-    s.close()
-
-
 @pytest.fixture(autouse=True)
 def idle_before_and_after(nodes):
     asyncio.run(assert_idle(*nodes))
@@ -57,8 +52,6 @@ def local(sink: TokenSink, ids, params=GREEDY) -> NodeRequest:
     r = request(ids, params, "", sink.address)
     return NodeRequest(r.request_id, r.room, r.prompt_token_ids, r.params, reply_address=r.reply_address,
                        local_prefill=True)
-
-
 
 
 def test_local_and_split_requests_share_the_decode_node_and_equal_one_engine(nodes, sink, make_llm):
@@ -106,9 +99,10 @@ def test_abort_of_a_local_request_ends_it_with_abort(nodes, sink):
 
     async def main():
         end = asyncio.ensure_future(decode.generate(req))
-        for _ in range(2000):   # until it streams, so it holds blocks when the abort comes
-            if (await decode.stats())["running"] and (await decode.load_report()).queued_prefill_tokens == 0:
-                break
+        deadline = time.monotonic() + WAIT_S
+        # Until it decodes, so it holds blocks when the abort comes.
+        while not ((await decode.stats())["running"] and (await decode.load_report()).queued_prefill_tokens == 0):
+            assert time.monotonic() < deadline, "the local request never started decoding"
             await asyncio.sleep(0.005)
         await decode.abort(req.request_id)
         return await end

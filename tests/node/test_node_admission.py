@@ -29,7 +29,6 @@ from tests.node.pd import (
     GREEDY,
     PATIENT,
     WAIT_S,
-    TokenSink,
     assert_idle,
     prompt,
     request,
@@ -50,13 +49,6 @@ def nodes():
         yield prefill, decode
     finally:
         stop_nodes(prefill, decode)
-
-
-@pytest.fixture(scope="module")
-def sink():
-    s = TokenSink()
-    yield s
-    s.close()
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,6 @@ from tests.node.pd import (
     ENGINE,
     GREEDY,
     PATIENT,
-    TokenSink,
     assert_idle,
     prompt,
     request,
@@ -46,13 +45,6 @@ def nodes():
         stop_nodes(prefill, decode)
 
 
-@pytest.fixture(scope="module")
-def sink():
-    s = TokenSink()
-    yield s
-    s.close()
-
-
 @pytest.fixture(autouse=True)
 def idle_before_and_after(nodes):
     asyncio.run(assert_idle(*nodes))
@@ -64,8 +56,6 @@ def idle_before_and_after(nodes):
 
 def pd_request(nodes, sink, ids, params=GREEDY) -> NodeRequest:
     return request(ids, params, nodes[0].sender.bootstrap_address, sink.address)
-
-
 
 
 def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_llm):

@@ -12,7 +12,7 @@ import pytest
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.prefill_node.prefill_node import PrefillNode
 from raypd.protocol.messages import OVERLOADED
-from tests.node.pd import PATIENT, TokenSink, assert_idle, prompt, request, stop_nodes, wait_queue
+from tests.node.pd import PATIENT, assert_idle, prompt, request, stop_nodes, wait_queue
 
 BOOTSTRAP_S, PREALLOC_S, TRANSFER_S = 2.0, 0.5, 0.5
 
@@ -28,13 +28,6 @@ def nodes():
         yield prefill, decode
     finally:
         stop_nodes(prefill, decode)
-
-
-@pytest.fixture(scope="module")
-def sink():
-    s = TokenSink()
-    yield s
-    s.close()
 
 
 @pytest.fixture(autouse=True)

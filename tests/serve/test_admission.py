@@ -227,7 +227,7 @@ def test_slo_rejection_applies_to_new_requests_and_reroute_takes_its_decision():
         m, conductor = membership()
         router = ConductorRouter(conductor, NodeSet(m))
         conductor.error = AdmissionRejected("r", "ttft", 3.0, 1.0,
-                                            SimpleNamespace(prefill_node="p0", decode_node="d1"))
+                                            SimpleNamespace(prefill_node="p0", decode_node="d1", path="split"))
         with pytest.raises(AdmissionRejected):
             await router.route("r", [1])
         route = await router.reroute("r-retry1", [1])   # a retry of an admitted request

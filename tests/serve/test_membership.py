@@ -79,6 +79,7 @@ class FakeConductor:
 
         class D:
             prefill_node, decode_node = self.decision
+            path = "split"
         return D()
 
 
@@ -111,8 +112,11 @@ def test_probe_outcomes_move_nodes_between_states_and_tell_the_conductor():
         assert d0.attach_conductor.calls == [(conductor,)]                   # re-attached to the Conductor
         p0.error = ray.exceptions.ActorDiedError()
         m = await sup.probe_round()
-        assert m.by_name["p0"].state is MemberState.DEAD and not m.can_serve
-        assert m.health()["status"] == "unavailable"
+        # No prefill node: still servable, the decode nodes prefill for themselves (the local path).
+        assert m.by_name["p0"].state is MemberState.DEAD and m.can_serve
+        d0.error = d1.error = ray.exceptions.ActorDiedError()
+        m = await sup.probe_round()
+        assert not m.can_serve and m.health()["status"] == "unavailable"
         assert m.version > 0
     asyncio.run(run())
 
@@ -149,6 +153,17 @@ def test_routers_use_only_live_nodes_minus_excluded():
                 assert (r.prefill.name, r.decode.name) == ("p0", "d0")
             with pytest.raises(NoNodeError):
                 await router.route("r", [1], exclude=frozenset({"d0"}))
+    asyncio.run(run())
+
+
+def test_local_router_sends_requests_to_a_decode_node_alone_while_no_prefill_node_lives():
+    async def run():
+        m, _ = membership(p0=MemberState.DEAD)
+        router = LocalRouter(NodeSet(m))
+        routes = [await router.route("r", [1, 2, 3]) for _ in range(4)]
+        assert all(r.decode is None and r.prefill.role == Role.DECODE for r in routes)
+        with pytest.raises(NoNodeError):
+            await router.route("r", [1], exclude=frozenset({"d0", "d1"}))
     asyncio.run(run())
 
 
