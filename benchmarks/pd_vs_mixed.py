@@ -1,7 +1,9 @@
 """PD (1 prefill + 1 decode node) against 2 mixed nodes, same machine, same run, same workload:
 steady decoders plus bursts of long prompts. The point of PD is that decode TPOT p99 does not inflate
-when long prompts arrive, because the decode node never runs a prefill chunk. `adaptive` is the same
-PD pair with the Conductor choosing split or local per request (conductor/split_or_local.py).
+when long prompts arrive, because the decode node never runs a prefill chunk. `pd-local` is the same
+PD pair with the Conductor choosing split or local per request (conductor/split_or_local.py);
+`adaptive` (`raypd serve --adaptive`) adds nodes that change duty: two flex nodes started as 1 prefill
++ 1 decode that the Conductor's duty planner moves between the duties (conductor/planners/duties.py).
 
     python -m benchmarks.pd_vs_mixed --json bench-results/pd_vs_mixed.json    (or `raypd bench pd`)
 
@@ -174,6 +176,7 @@ def run_system(name: str, spec: ClusterSpec, wl: Workload, args) -> dict:
     result["mix"] = wl.mix
     if status is not None:   # how often the Conductor let the decode node prefill (warm-up included)
         result["local_decisions"], result["decisions"] = status["local_decisions"], status["decisions"]
+        result["duty_orders"] = status.get("duty_orders", [])   # flex nodes moved, when and why
     return result
 
 
@@ -198,12 +201,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--burst-len", type=int, default=1024)
     ap.add_argument("--burst-tokens", type=int, default=8)
     ap.add_argument("--cpus-per-node", type=float, default=1.0)
-    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, adaptive, pd-srpt, mixed-srpt")
+    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, adaptive, pd-local, pd-srpt, mixed-srpt")
     ap.add_argument("--mix", default="bursty", help=f"workloads, a comma list of {', '.join(MIXES)}")
     ap.add_argument("--slo-ttft", type=float, default=5.0, metavar="S", help="goodput: TTFT at most S seconds")
     ap.add_argument("--slo-tpot", type=float, default=0.25, metavar="S", help="goodput: TPOT at most S seconds")
     ap.add_argument("--local-prefill-budget", type=int, default=32, metavar="TOKENS",
-                    help="adaptive: prompt tokens a decode node computes per step on the local path")
+                    help="adaptive, pd-local: prompt tokens a decode node computes per step on the local path")
     ap.add_argument("--transfer-backend", default="nixl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
@@ -215,8 +218,12 @@ def main(argv: list[str] | None = None) -> dict:
     srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
              "mixed": ClusterSpec(mixed_nodes=2, **common),
-             # the PD pair with the Conductor choosing split or local per request
-             "adaptive": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
+             # raypd serve --adaptive: flex nodes (1 prefill + 1 decode to start) whose duties the
+             # Conductor moves, and split or local per request
+             "adaptive": ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
+                                     local_prefill_budget=args.local_prefill_budget, **common),
+             # the fixed PD pair with split or local per request only
+             "pd-local": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
                                      local_prefill_budget=args.local_prefill_budget, **common),
              # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
              "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 LABELS = {"pd": ("PD: 1 prefill + 1 decode", "#2b6cb0"), "mixed": ("2 mixed nodes (replica fleet)", "#c05621"),
-          "adaptive": ("adaptive: PD + split-or-local", "#2f855a"), "pd-srpt": ("PD, srpt admission", "#6b46c1"),
+          "adaptive": ("adaptive: flex duties + split-or-local", "#2f855a"),
+          "pd-local": ("PD + split-or-local", "#d69e2e"), "pd-srpt": ("PD, srpt admission", "#6b46c1"),
           "mixed-srpt": ("mixed, srpt admission", "#b7791f")}
 TOKEN_LATENCY = (("decoder", "tpot_p50_ms", "TPOT p50"), ("decoder", "tpot_p99_ms", "TPOT p99"),
                  ("decoder", "itl_p99_ms", "ITL p99"))

@@ -7,7 +7,7 @@ _EXPORTS = {
     "ConductorConfig": "raypd.conductor.config", "ConductorCore": "raypd.conductor.core",
     "RouteDecision": "raypd.conductor.decision", "PrefixIndex": "raypd.conductor.prefix_index",
     "NodeRegistry": "raypd.conductor.registry", "Topology": "raypd.conductor.topology",
-    "MigrationPlan": "raypd.conductor.migration", "AdmissionRejected": "raypd.conductor.errors",
+    "MigrationPlan": "raypd.conductor.planners.migration", "AdmissionRejected": "raypd.conductor.errors",
     "ConductorError": "raypd.conductor.errors", "Conductor": "raypd.conductor.actor",
     "start_conductor": "raypd.conductor.actor",
 }

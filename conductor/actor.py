@@ -42,7 +42,7 @@ from raypd.conductor.core import ConductorCore
 from raypd.conductor.decision import RouteDecision
 from raypd.conductor.errors import UnknownNodeError
 from raypd.conductor.metrics import ConductorMetrics
-from raypd.conductor.migration import MigrationPlan
+from raypd.conductor.planners.migration import MigrationPlan
 from raypd.conductor.topology import Topology
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
@@ -69,12 +69,13 @@ class Conductor:
 
     # -- node-facing --------------------------------------------------------------------------
     async def register_node(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
-                            bootstrap_address: str = "", kv_seq: int = 0) -> int:
+                            bootstrap_address: str = "", kv_seq: int = 0, duty: str = "") -> int:
         """`kv_seq`: the node's last KV event so far. Above 0 the node already caches blocks this
         actor never saw (it restarted and the nodes outlived it, or the node re-registers after a
-        Conductor outage): its cache is re-read from a snapshot at once rather than at its next event."""
+        Conductor outage): its cache is re-read from a snapshot at once rather than at its next event.
+        `duty`: a flex node's current duty."""
         self._ensure_loop()
-        slot = self.core.register_node(name, role, host, handle, bootstrap_address).slot
+        slot = self.core.register_node(name, role, host, handle, bootstrap_address, duty).slot
         if kv_seq > 0 and handle is not None:
             self._start_resync(name)
         return slot
@@ -125,6 +126,16 @@ class Conductor:
         (ok, error). The index learns of the copy from the target's own KV events."""
         return await self._copy(source, target, list(token_ids))
 
+    async def set_duty(self, name: str, duty: str) -> str:
+        """An operator's order: flex node `name` is to take `duty` (it drains the other first), as
+        the duty planner orders it. Returns the duty state the node reported it led to."""
+        self.core.order_duty(name, duty)
+        return await self._tell_duty(name, duty)
+
+    async def pause_duty_planner(self, paused: bool = True) -> None:
+        """Stop (or restart) the planner's own orders, so duties set by hand stay as set."""
+        self.core.duties.paused = paused
+
     async def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
         return self.core.recent_decisions(n)
 
@@ -143,6 +154,10 @@ class Conductor:
         for name in self.core.index.nodes_needing_resync():
             self._start_resync(name)
         self._start_migrations()
+        order = self.core.plan_duties()
+        if order is not None:
+            log.info("duty planner: %s takes the %s duty (%s)", order.node, order.duty, order.reason)
+            self._spawn(self._tell_duty(order.node, order.duty.value))
         return res.dead
 
     # -- background ---------------------------------------------------------------------------
@@ -187,6 +202,18 @@ class Conductor:
             log.exception("KV re-sync of %s failed", name)
         finally:
             self._resyncing.discard(name)
+
+    async def _tell_duty(self, name: str, duty: str) -> str:
+        """Carry an order to the node. If it cannot be told, its own reports (stamped after the
+        order) put the Conductor back in step with the duty it kept."""
+        try:
+            info = self.core.registry.get_alive(name)
+            if info.handle is None:
+                raise UnknownNodeError(f"{name} registered without a handle")
+            return await asyncio.wait_for(_await(info.handle.set_duty.remote(duty)), self.config.resync_timeout_s)
+        except Exception as e:  # noqa: BLE001 - actor death, timeout: the heartbeat path settles it
+            log.warning("could not tell %s to take the %s duty: %s", name, duty, e)
+            return ""
 
     def _start_migrations(self) -> None:
         for plan in self.core.take_migrations():

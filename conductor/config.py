@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from raypd.conductor.planners.duties import DutyPlannerConfig
+
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
@@ -100,3 +102,9 @@ class ConductorConfig:
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     migration: MigrationConfig = field(default_factory=MigrationConfig)
     local_prefill: LocalPrefillConfig = field(default_factory=LocalPrefillConfig)
+    duties: DutyPlannerConfig = field(default_factory=DutyPlannerConfig)   # flex nodes' duty planner
+
+    def __post_init__(self) -> None:
+        if self.duties.min_prefill_nodes == 0 and not self.local_prefill.enabled:
+            raise ValueError("duties.min_prefill_nodes=0 needs local_prefill.enabled: with no prefill node "
+                             "and no local path, no request could be prefilled")

@@ -1,7 +1,12 @@
 """ConductorCore: the Conductor without Ray. Composes the registry, the prefix index, the topology,
 the load table, the time models, the routing policy, the split-or-local choice, the migration
-planner, the decision log and the metrics; the Ray actor (actor.py) and the simulator (sim/) both
-drive this class, so what the simulator measures is the code that serves.
+planner, the flex nodes' duty planner, the decision log and the metrics; the Ray actor (actor.py)
+and the simulator (sim/) both drive this class, so what the simulator measures is the code that
+serves.
+
+A flex node is routed to as its duty: the load table's prefill/decode bits follow the duty ordered
+(order_duty, at once: nothing new reaches a node that is to drain) and then the duty its load
+reports carry (the drain's end), except reports stamped before the last order.
 
 Node death (explicit, or a missed heartbeat found by check_heartbeats) drops the node from every
 part at once: registry slot, index entries, load arrays, running migrations.
@@ -22,13 +27,15 @@ from raypd.conductor.errors import AdmissionRejected, NoCandidateError, UnknownN
 from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 from raypd.conductor.load_table import LoadTable
 from raypd.conductor.metrics import ConductorMetrics
-from raypd.conductor.migration import MigrationPlan, MigrationPlanner
 from raypd.conductor.pending_prefixes import PendingPrefixes
+from raypd.conductor.planners.duties import DutyOrder, DutyPlanner, DutySignals, FlexState
+from raypd.conductor.planners.migration import MigrationPlan, MigrationPlanner
 from raypd.conductor.policies import RoutingPolicy, RoutingView, make_policy
 from raypd.conductor.prefix_index import ApplyResult, PrefixIndex, PrefixMatch, bits
 from raypd.conductor.registry import NodeInfo, NodeRegistry
 from raypd.conductor.split_or_local import choose_path, local_decision
 from raypd.conductor.topology import Topology
+from raypd.protocol.duty import Duty
 from raypd.protocol.kv_events import BlockStored
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
@@ -71,6 +78,7 @@ class ConductorCore:
         self.decode_model = DecodeStepModel(c.decode_step_base_s, c.decode_step_per_seq_s)
         self.policy = policy if policy is not None else make_policy(config.policy, config)
         self.planner = MigrationPlanner(config.migration, c.kv_bytes_per_token)
+        self.duties = DutyPlanner(config.duties)
         self.log = DecisionLog(config.decision_log_size)
         self.metrics = metrics if metrics is not None else ConductorMetrics()
         self._names: list[str] = []
@@ -82,12 +90,15 @@ class ConductorCore:
 
     # -- membership ---------------------------------------------------------------------------
     def register_node(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
-                      bootstrap_address: str = "") -> NodeInfo:
+                      bootstrap_address: str = "", duty: Duty | str = "") -> NodeInfo:
+        """`duty`: a flex node's current duty (it keeps it across a Conductor restart)."""
         if name in self.registry:
             self.mark_dead(name, "re-registered (restart)")
-        info = self.registry.register(name, role, host, handle, bootstrap_address)
+        info = self.registry.register(name, role, host, handle, bootstrap_address, duty)
         host_idx = self.topology.ensure_host(self.host_key(host))
-        self.table.add(info.slot, prefill=info.role.serves_prefill, decode=info.role.serves_decode, host=host_idx,
+        routed = info.routed_as
+        self.table.add(info.slot, prefill=routed is not None and routed.serves_prefill,
+                       decode=routed is not None and routed.serves_decode, host=host_idx,
                        block_size=self.config.block_size)
         self.index.add_node(name, info.slot)
         while len(self._names) <= info.slot:
@@ -125,7 +136,10 @@ class ConductorCore:
     def report_load(self, report: LoadReport) -> None:
         info = self.registry.report_load(report)
         self.table.update(info.slot, report)
-        if info.role.serves_decode and report.running > 0 and report.step_time_s > 0:
+        if info.duty is not None and report.duty and report.timestamp >= info.duty_ordered_at:
+            self._set_duty(info, Duty.parse(report.duty))
+        routed = info.routed_as
+        if routed is not None and routed.serves_decode and report.running > 0 and report.step_time_s > 0:
             self.decode_model.observe(report.running, report.step_time_s)
         if report.timestamp > 0:
             self.metrics.report_lag(self.clock() - report.timestamp)
@@ -322,6 +336,57 @@ class ConductorCore:
         self.metrics.index(self.index.num_blocks, self.index.num_entries)
         return res
 
+    # -- flex nodes' duties (planners/duties.py) ------------------------------------------------------
+    def plan_duties(self) -> DutyOrder | None:
+        """The planner's order for now, already applied here (the caller tells the node)."""
+        if not any(info.duty is not None for info in self.registry.alive()):
+            return None
+        order = self.duties.plan(self.clock(), self.duty_signals())
+        if order is not None:
+            self.order_duty(order.node, order.duty)
+        return order
+
+    def order_duty(self, name: str, duty: Duty | str) -> Duty:
+        """Route `name` as `duty` once it drained the other: from now on it gets no work of the other
+        duty (nor any while it drains). Returns the state expected; the node's reports confirm it.
+        ValueError for a node that is not flex, or when the order would leave no node to decode (or,
+        without local prefill, none to prefill)."""
+        info = self.registry.get_alive(name)
+        if info.duty is None:
+            raise ValueError(f"{name} is a {info.role} node: only flex nodes change duty")
+        target = Duty.parse(duty).target
+        leaving = info.routed_as
+        if leaving is not None and leaving is not target.role:
+            others = self.table.decode_slots() if leaving is Role.DECODE else self.table.prefill_slots()
+            if not len(others[others != info.slot]) and (leaving is Role.DECODE or not self.config.local_prefill.enabled):
+                raise ValueError(f"{name} is the last node in the {leaving} duty: ordering it to {target} "
+                                 f"would leave no node to {'decode' if leaving is Role.DECODE else 'prefill'}")
+        self._set_duty(info, info.duty.toward(target))
+        info.duty_ordered_at = self.clock()
+        self.metrics.duty_order(Duty.parse(duty).target)
+        return info.duty
+
+    def _set_duty(self, info: NodeInfo, duty: Duty) -> None:
+        info.duty = duty
+        routed = info.routed_as
+        self.table.set_roles(info.slot, prefill=routed is Role.PREFILL, decode=routed is Role.DECODE)
+
+    def duty_signals(self) -> DutySignals:
+        """What the duty planner reads: see planners/duties.py's docstring."""
+        t = self.table
+        p, d = t.prefill_slots(), t.decode_slots()
+        alive = np.flatnonzero(t.alive[:self.registry.num_slots])
+        queued_s = np.zeros(t.capacity)
+        queued_s[alive] = t.prefill_queue_tokens(alive) / self.prefill_model.speeds(t.speed[alive])
+        sequences = np.zeros(t.capacity)
+        sequences[alive] = t.decode_load(alive)
+        prompt_side = p if len(p) else d
+        flex = tuple(FlexState(info.name, info.duty, float(queued_s[info.slot]), float(sequences[info.slot]))
+                     for info in self.registry.alive() if info.duty is not None)
+        return DutySignals(prompt_wait_s=float(queued_s[prompt_side].mean()) if len(prompt_side) else 0.0,
+                           decode_sequences=float(sequences[d].sum()), prefill_nodes=len(p), decode_nodes=len(d),
+                           flex=flex)
+
     def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
         return self.log.recent(n)
 
@@ -331,7 +396,8 @@ class ConductorCore:
             st = self._stats.get(info.name, _NodeStats())
             r = info.load
             nodes[info.name] = {
-                "role": info.role.value, "alive": info.alive, "death_reason": info.death_reason,
+                "role": info.role.value, "duty": info.duty.value if info.duty is not None else None,
+                "alive": info.alive, "death_reason": info.death_reason,
                 "host": info.host.hostname or info.host.node_id, "node_id": info.host.node_id,
                 "queued_prefill_tokens": r.queued_prefill_tokens if r else 0,
                 "waiting": r.waiting if r else 0, "running": r.running if r else 0,
@@ -353,5 +419,6 @@ class ConductorCore:
             "resyncs": self.index.num_resyncs, "dropped_events": self.index.num_dropped_events,
             "migrations": {"started": pl.started, "finished": pl.finished, "failed": pl.failed,
                            "active": len(pl.active), "bytes_started": pl.bytes_started, "skips": dict(pl.skips)},
+            "duty_orders": [o.to_dict() for o in self.duties.orders[-16:]],
             "nodes": nodes,
         }

@@ -58,6 +58,11 @@ class LoadTable:
         self._pending_dec[slot] = deque()
         self._refresh()
 
+    def set_roles(self, slot: int, *, prefill: bool, decode: bool) -> None:
+        """A flex node's duty changed: which candidate sets it belongs to (neither while it drains)."""
+        self.prefill_role[slot], self.decode_role[slot] = prefill, decode
+        self._refresh()
+
     def remove(self, slot: int) -> None:
         self.alive[slot] = False
         self._pending.pop(slot, None)

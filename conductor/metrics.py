@@ -50,6 +50,8 @@ class ConductorMetrics:
         self._events = api.Counter(p + "kv_events_total", "KV events applied")
         self._lag = api.Histogram(p + "kv_event_lag_s", "load report age when applied", _LAG_S)
         self._rejections = api.Counter(p + "rejections_total", "requests rejected by SLO admission", ("reason",))
+        self._duty_orders = api.Counter(p + "duty_orders_total", "flex nodes ordered to take a duty (planners/duties.py)",
+                                        ("duty",))
 
     def decision(self, policy: str, branch: str, latency_s: float, predicted_cached: int,
                  path: str = "split") -> None:
@@ -90,6 +92,9 @@ class ConductorMetrics:
 
     def report_lag(self, seconds: float) -> None:
         self._lag.observe(max(seconds, 0.0))
+
+    def duty_order(self, duty: str) -> None:
+        self._duty_orders.inc(1, {"duty": str(duty)})
 
     def resync(self, node: str) -> None:
         self._resyncs.inc(1, {"node": node})

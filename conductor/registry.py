@@ -1,4 +1,5 @@
-"""The nodes the Conductor knows: role, host, Ray handle, heartbeats, last load report, death.
+"""The nodes the Conductor knows: role (and a flex node's duty), host, Ray handle, heartbeats, last
+load report, death.
 
 Each live node occupies a small integer *slot*; the prefix index and the load table are indexed by
 slot (bitmasks and arrays), so a slot is freed on death and reused by a later node. The clock is
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NewType
 
 from raypd.conductor.errors import InvalidRoleError, UnknownNodeError
+from raypd.protocol.duty import Duty
 from raypd.protocol.messages import HostInfo, LoadReport
 from raypd.protocol.roles import Role
 
@@ -31,6 +33,13 @@ class NodeInfo:
     load: LoadReport | None = None
     alive: bool = True
     death_reason: str = ""
+    duty: Duty | None = None        # a flex node's duty (None for a fixed role), as last ordered or reported
+    duty_ordered_at: float = 0.0    # reports stamped before the last order do not overrule it
+
+    @property
+    def routed_as(self) -> Role | None:
+        """The role requests are routed to it as: its own, or its duty's (None while it drains)."""
+        return self.role if self.duty is None else self.duty.role
 
 
 class NodeRegistry:
@@ -44,12 +53,13 @@ class NodeRegistry:
 
     # -- membership ---------------------------------------------------------------------------
     def register(self, name: str, role: Role | str, host: HostInfo, handle: Any = None,
-                 bootstrap_address: str = "") -> NodeInfo:
+                 bootstrap_address: str = "", duty: Duty | str = "") -> NodeInfo:
         """Add a node. A live node of the same name is a restarted incarnation: it is released first
         (ConductorCore.register_node drops its index entries before calling this). `role` may be
-        the plain name a node sends ("prefill")."""
+        the plain name a node sends ("prefill"); a flex node sends its duty too (decode if none)."""
         try:
             role = Role.parse(role)
+            node_duty = (Duty.parse(duty) if duty else Duty.DECODE) if role is Role.FLEX else None
         except ValueError as e:
             raise InvalidRoleError(str(e)) from None
         old = self._nodes.get(name)
@@ -57,7 +67,7 @@ class NodeRegistry:
             self._release(old, "re-registered")
         now = self.clock()
         info = NodeInfo(name=name, role=role, host=host, slot=self._take_slot(), handle=handle,
-                        bootstrap_address=bootstrap_address, registered_at=now, last_heartbeat=now)
+                        bootstrap_address=bootstrap_address, registered_at=now, last_heartbeat=now, duty=node_duty)
         self._nodes[name] = info
         self._by_slot[info.slot] = info
         return info

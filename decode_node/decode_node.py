@@ -31,7 +31,7 @@ from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer import KVReceiver
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
 from raypd.node.aux_slots import AuxSlots
-from raypd.node.node_core import NodeCore
+from raypd.node.node_core import Held, NodeCore
 from raypd.protocol.messages import OVERLOADED, KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
 from raypd.protocol.roles import Role
 
@@ -43,15 +43,21 @@ class DecodeNode:
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None):
+                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None, *,
+                 core: NodeCore | None = None, receiver_name: str | None = None):
+        """`core`: serve on another node's NodeCore (a flex node's one engine), which ticks this
+        node's stages and starts the engine itself; by default the node owns its core.
+        `receiver_name`: its KV receiver's name, unique among the deployment's endpoints (a flex
+        node's sender already goes by the node's name)."""
         self.name = name
-        self.core = core = NodeCore(name, self.role, model, engine_options, num_cpus,
-                                    tick=self._tick, on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
+        owns_core = core is None
+        self.core = core = core or NodeCore(name, self.role, model, engine_options, num_cpus, tick=self._tick,
+                                            on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
         self.host = core.host
         engine = core.engine
         self.transfer_config = cfg = core.transfer_config(transfer_options)
         self.aux = AuxSlots(aux_slots, engine.device)
-        self.receiver = KVReceiver(engine.kv_cache.pool, self.aux.buffer, cfg, name=name)
+        self.receiver = KVReceiver(engine.kv_cache.pool, self.aux.buffer, cfg, name=receiver_name or name)
         # The prefill side waits bootstrap_timeout_s for our destination, so waiting longer for
         # memory here would only reserve blocks for a room the prefill node has already dropped.
         self.prealloc_timeout_s = min(prealloc_timeout_s or cfg.bootstrap_timeout_s, cfg.bootstrap_timeout_s)
@@ -64,7 +70,8 @@ class DecodeNode:
         self.max_waiting = engine.config.waiting_limit
         self.num_refused = 0
         self.num_local = 0   # requests prefilled here (local_prefill), since the start
-        core.start()
+        if owns_core:
+            core.start()
 
     # -- Ray-callable ---------------------------------------------------------------------------------
     async def generate(self, req: NodeRequest) -> StreamEnd:
@@ -192,9 +199,12 @@ class DecodeNode:
 
     # -- load and introspection ---------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:
+        return self.core.load_report(**self._held(), stats=self._role_stats())
+
+    def _held(self) -> Held:
+        """What the stages hold outside the engine, as NodeCore.load_report counts it."""
         transferring = len(self.transfer) - self.transfer.num_aborting
-        return self.core.load_report(waiting=len(self.prealloc) + transferring, inflight=transferring,
-                                     stats=self._role_stats())
+        return Held(waiting=len(self.prealloc) + transferring, queued_tokens=0, inflight=transferring)
 
     def _stats(self) -> dict:
         return self.core.stats(**self._role_stats())
@@ -207,5 +217,9 @@ class DecodeNode:
                 "transfer": asdict(self.receiver.stats())}
 
     def _check_idle(self) -> dict:
-        return self.core.check_idle(rooms=len(self.requests), endpoint_rooms=self.receiver.stats().rooms,
-                                    aux_in_use=len(self.aux.buffer) - self.aux.num_free)
+        return self.core.check_idle(**self._still_held())
+
+    def _still_held(self) -> dict[str, int]:
+        """Rooms, endpoint rooms and aux slots in use (zeros when idle)."""
+        return {"rooms": len(self.requests), "endpoint_rooms": self.receiver.stats().rooms,
+                "aux_in_use": len(self.aux.buffer) - self.aux.num_free}

@@ -77,7 +77,7 @@ class ConductorLink:
         info = await self.node.ready()
         await self._call(self.conductor.register_node.remote(
             self.node.name, self.node.role, self.node.host, self.self_handle, info.get("bootstrap_address", ""),
-            info.get("kv_seq", 0)))
+            info.get("kv_seq", 0), info.get("duty", "")))
         self.registered = True
 
     async def _run(self) -> None:

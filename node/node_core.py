@@ -1,4 +1,4 @@
-"""NodeCore: what every node actor (prefill, decode, mixed) is made of, whatever its role.
+"""NodeCore: what every node actor (prefill, decode, mixed, flex) is made of, whatever its role.
 
 An LLMEngine owned by an EngineLoop thread, TokenStreams to callers (flushed after every tick and
 every step), a buffer of the engine's KV events, where the actor runs (HostInfo) and its metrics.
@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from raypd.engine.engine import LLMEngine
 from raypd.engine.outputs import StepOutput
@@ -47,6 +47,13 @@ RESTART_AFTER_CRASH_S = 0.5  # lets the error chunks and failed replies leave be
 
 def _no_tick() -> bool:
     return False
+
+
+class Held(TypedDict):
+    """What a role's stages hold outside the engine (NodeCore.load_report adds it to the engine's load)."""
+    waiting: int          # requests not yet in the engine
+    queued_tokens: int    # their prompt tokens
+    inflight: int         # KV handoffs under way
 
 
 class NodeCore:
@@ -164,15 +171,17 @@ class NodeCore:
 
     # -- engine thread ----------------------------------------------------------------------------
     def load_report(self, waiting: int = 0, queued_tokens: int = 0, inflight: int = 0,
-                    stats: dict | None = None) -> LoadReport:
+                    stats: dict | None = None, duty: str = "") -> LoadReport:
         """The engine's load plus what the role's stages hold outside it (`waiting` requests with
-        `queued_tokens` prompt tokens; `inflight` KV handoffs); also feeds the node's metrics."""
+        `queued_tokens` prompt tokens; `inflight` KV handoffs) and a flex node's duty; also feeds
+        the node's metrics."""
         load = self.engine.load()
         report = LoadReport(
             node_name=self.name, role=self.role, queued_prefill_tokens=load.queued_prefill_tokens + queued_tokens,
             waiting=load.waiting + waiting, running=load.running, free_blocks=load.free_blocks,
             total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=inflight,
-            step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time())
+            step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
+            duty=duty)
         self.metrics.observe(report, stats)
         return report
 

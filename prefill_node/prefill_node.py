@@ -23,7 +23,7 @@ from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer import KVReceiver, KVSender
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
 from raypd.node.aux_slots import AuxSlots
-from raypd.node.node_core import NodeCore
+from raypd.node.node_core import Held, NodeCore
 from raypd.node.streams import Reply
 from raypd.prefill_node.bootstrap_stage import BootstrapStage
 from raypd.prefill_node.inflight_stage import InflightStage
@@ -41,10 +41,13 @@ class PrefillNode:
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 data_plane_secret: DataPlaneSecret | None = None):
+                 data_plane_secret: DataPlaneSecret | None = None, *, core: NodeCore | None = None):
+        """`core`: serve on another node's NodeCore (a flex node's one engine), which ticks this
+        node's stages and starts the engine itself; by default the node owns its core."""
         self.name = name
-        self.core = core = NodeCore(name, self.role, model, engine_options, num_cpus,
-                                    tick=self._tick, on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
+        owns_core = core is None
+        self.core = core = core or NodeCore(name, self.role, model, engine_options, num_cpus, tick=self._tick,
+                                            on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
         self.host = core.host
         engine = core.engine
         self.transfer_config = core.transfer_config(transfer_options)
@@ -67,7 +70,8 @@ class PrefillNode:
         # them, and a burst the decode side takes within milliseconds must not be refused here.
         self.max_waiting = engine.config.waiting_limit
         self.num_refused = 0
-        core.start()
+        if owns_core:
+            core.start()
 
     # -- Ray-callable ---------------------------------------------------------------------------------
     async def prefill(self, req: NodeRequest) -> PrefillResult:
@@ -184,10 +188,13 @@ class PrefillNode:
 
     # -- load and introspection ---------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:
+        return self.core.load_report(**self._held(), stats=self._role_stats())
+
+    def _held(self) -> Held:
+        """What the stages hold outside the engine, as NodeCore.load_report counts it."""
         b = self.bootstrap
-        return self.core.load_report(waiting=len(b) - b.num_aborting, queued_tokens=b.num_prompt_tokens,
-                                     inflight=len(self.inflight) - self.inflight.num_aborting,
-                                     stats=self._role_stats())
+        return Held(waiting=len(b) - b.num_aborting, queued_tokens=b.num_prompt_tokens,
+                    inflight=len(self.inflight) - self.inflight.num_aborting)
 
     def _stats(self) -> dict:
         return self.core.stats(**self._role_stats())
@@ -202,7 +209,11 @@ class PrefillNode:
                 "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed}}
 
     def _check_idle(self) -> dict:
-        return self.core.check_idle(
-            rooms=len(self.requests), endpoint_rooms=self.sender.stats().rooms + self.receiver.stats().rooms,
-            copies=len(self.copies.exports) + len(self.copies.imports),
-            aux_in_use=len(self.aux.buffer) - self.aux.num_free)
+        return self.core.check_idle(**self._still_held())
+
+    def _still_held(self) -> dict[str, int]:
+        """Rooms, endpoint rooms, prefix copies and aux slots in use (zeros when idle)."""
+        return {"rooms": len(self.requests),
+                "endpoint_rooms": self.sender.stats().rooms + self.receiver.stats().rooms,
+                "copies": len(self.copies.exports) + len(self.copies.imports),
+                "aux_in_use": len(self.aux.buffer) - self.aux.num_free}

@@ -119,7 +119,7 @@ class PrefillResult:
 @dataclass(frozen=True, slots=True)
 class LoadReport:
     node_name: str
-    role: str                      # "prefill", "decode" or "mixed"
+    role: str                      # "prefill", "decode", "mixed" or "flex"
     queued_prefill_tokens: int     # prompt tokens not yet computed (bootstrap + waiting + running chunks)
     waiting: int                   # requests not yet running (any queue before the running batch)
     running: int
@@ -130,6 +130,7 @@ class LoadReport:
     step_time_s: float = 0.0       # moving average of one engine step's wall time
     prefill_tokens_per_s: float = 0.0  # measured prefill speed (moving average), for TTFT estimates
     timestamp: float = 0.0
+    duty: str = ""                 # a flex node's Duty (protocol/duty.py); "" for a node with a fixed role
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,11 @@
-"""Role: the duty a node serves (prefill, decode, or both as a mixed node), the one role type.
+"""Role: what a node is built to serve (prefill, decode, both as a mixed node, or either as a flex
+node whose duty the Conductor's planner assigns), the one role type.
 
 A `str` enum, so a role crosses msgpack and Ray as its plain name ("prefill") and compares equal to
 it; code names the members instead of spelling strings. `serves_prefill` / `serves_decode` say which
-half of a request a node can take, so callers ask for a duty instead of listing roles.
+half of a request a node can take, so callers ask for a duty instead of listing roles;
+`prefills_alone` says it can also serve a whole request by itself (a mixed node always does; decode
+and flex nodes through the local path).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ class Role(str, Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     MIXED = "mixed"  # prefill and decode on one engine, no KV transfer
+    FLEX = "flex"    # a prefill node and a decode node on one engine; its duty (protocol/duty.py) may change
 
     def __str__(self) -> str:
         return self.value
@@ -23,6 +27,11 @@ class Role(str, Enum):
 
     @property
     def serves_decode(self) -> bool:
+        return self is not Role.PREFILL
+
+    @property
+    def prefills_alone(self) -> bool:
+        """It can take a whole request by itself: prefill the prompt in its own engine and decode."""
         return self is not Role.PREFILL
 
     @classmethod

@@ -55,8 +55,10 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--policy", default="cost", help="the Conductor's routing policy (default: cost)")
     p.add_argument("--topology", help="network topology file for the Conductor")
     p.add_argument("--adaptive", action="store_true",
-                   help="per request, the Conductor chooses the split path or lets the decode node prefill the "
-                        "prompt itself (short or mostly cached prompts, a long prefill queue)")
+                   help="adaptive disaggregation: the PD nodes start as flex nodes whose duty (prefill or "
+                        "decode) the Conductor's planner moves as the load shifts, and per request the Conductor "
+                        "chooses the split path or lets the decode node prefill the prompt itself (short or "
+                        "mostly cached prompts, a long prefill queue)")
     p.add_argument("--local-prefill-budget", type=int, default=32, metavar="TOKENS",
                    help="with --adaptive: prompt tokens a decode node computes per step while it decodes, so "
                         "its running requests keep their TPOT (default 32, sized for a CPU core; a GPU node "

@@ -5,8 +5,9 @@ so no request fails because the Conductor is away. Power of two choices per role
 candidates (minus `exclude`), the one with less work by the node pool's last load report (waiting +
 running requests, plus queued prompt tokens in units of `tokens_per_request`), counting the requests
 this router sent it since that report. Cache-blind by design: the Conductor's index is what knows
-the caches. With decode nodes live and no prefill node, a decode node serves the request alone and
-prefills it itself (the local path, NodeRequest.local_prefill): a slower first token, not a 503.
+the caches. Which roles it routes to is router.route_without_conductor's: with decode nodes live and
+no prefill node, a decode node serves the request alone and prefills it itself (the local path,
+NodeRequest.local_prefill): a slower first token, not a 503; flex nodes serve whole requests.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.node_set import NodeSet
-from raypd.cluster.client.router import NoNodeError, Route, Router
+from raypd.cluster.client.router import Route, Router, route_without_conductor
 from raypd.protocol.roles import Role
 
 
@@ -30,13 +31,7 @@ class LocalRouter(Router):
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
                     exclude: frozenset[str] = frozenset()) -> Route:
         live = {role: [n for n in self.nodes.live(role) if n.name not in exclude] for role in Role}
-        if live[Role.PREFILL] and live[Role.DECODE]:
-            return Route(self._pick(live[Role.PREFILL]), self._pick(live[Role.DECODE]))
-        if live[Role.MIXED]:
-            return Route(self._pick(live[Role.MIXED]))
-        if live[Role.DECODE]:   # every prefill node is gone: decode nodes prefill for themselves
-            return Route(self._pick(live[Role.DECODE]))
-        raise NoNodeError("no live node can serve (neither a decode node nor a mixed node)")
+        return route_without_conductor(live, lambda role: self._pick(live[role]))
 
     def _pick(self, nodes: list[NodeHandle]) -> NodeHandle:
         pair = self._rng.sample(nodes, 2) if len(nodes) > 1 else nodes

@@ -74,8 +74,8 @@ class Membership:
     @property
     def can_serve(self) -> bool:
         """A request can be served: a live decode node (with a live prefill node, or prefilling for
-        itself while none lives: the local path) or a live mixed node."""
-        return bool(self.live(Role.DECODE)) or bool(self.live(Role.MIXED))
+        itself while none lives: the local path), a live mixed node or a live flex node."""
+        return any(self.live(role) for role in Role if role.prefills_alone)
 
     def health(self) -> dict:
         """/health's body: the verdict, each node's state and the Conductor's."""

@@ -72,13 +72,13 @@ class RequestDriver:
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                        prefill: NodeHandle, decode: NodeHandle | None = None) -> AsyncGenerator[TokenChunk, None]:
         """The request's chunks, the last one final. `prefill` takes the prompt and hands its KV to
-        `decode`; a mixed node does both, and so does a decode node on the Conductor's local path
-        (it prefills the prompt itself): pass it as `prefill`, with no `decode`."""
+        `decode`; a mixed node does both, and so does a decode or flex node on the local path (it
+        prefills the prompt itself): pass it as `prefill`, with no `decode`."""
         if decode is None:
-            if not prefill.role.serves_decode:
+            if not prefill.role.prefills_alone:
                 raise ValueError(f"{prefill.name} is a {prefill.role} node: it needs a decode node")
             req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
-                              reply_address=self.receiver.address, local_prefill=prefill.role == Role.DECODE)
+                              reply_address=self.receiver.address, local_prefill=prefill.role is not Role.MIXED)
             async with aclosing(self._relay(prefill, req, self.receiver.open(req.request_id), None)) as chunks:
                 async for chunk in chunks:
                     yield replace(chunk, failed_node=prefill.name) if chunk.error else chunk

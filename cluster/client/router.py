@@ -14,7 +14,7 @@ out). A router may raise:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from raypd.cluster.client.node_handles import NodeHandle
@@ -30,9 +30,27 @@ class NoNodeError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Route:
     """Nodes for one request: a prefill node and a decode node, or one node alone (decode None): a
-    mixed node, or a decode node that prefills the prompt itself (the Conductor's local path)."""
+    mixed node, or a decode or flex node that prefills the prompt itself (the local path)."""
     prefill: NodeHandle
     decode: NodeHandle | None = None
+
+
+# The roles whose nodes serve a request alone, in the order a router without the Conductor prefers
+# them: a mixed node is built for it; a flex node's duty is the Conductor's to set, so without the
+# Conductor it serves whole requests; a decode node does only while no prefill node lives.
+_ALONE = (Role.MIXED, Role.FLEX, Role.DECODE)
+
+
+def route_without_conductor(live: dict[Role, list[NodeHandle]], pick: Callable[[Role], NodeHandle]) -> Route:
+    """The route the routers that know no duty or cache take (the fallback and round-robin): PD while
+    prefill and decode nodes live, else one node alone. `live`: each role's usable nodes; `pick(role)`:
+    one of live[role], as the router balances."""
+    if live[Role.PREFILL] and live[Role.DECODE]:
+        return Route(pick(Role.PREFILL), pick(Role.DECODE))
+    for role in _ALONE:
+        if live[role]:
+            return Route(pick(role))
+    raise NoNodeError("no live node can serve (no decode, mixed or flex node)")
 
 
 class Router(ABC):
@@ -58,8 +76,7 @@ class Router(ABC):
 
 
 class RoundRobinRouter(Router):
-    """Without a Conductor: each role's nodes in turn; PD when prefill and decode nodes run, else
-    the mixed nodes, else a decode node alone (it prefills the prompt itself)."""
+    """Without a Conductor: each role's nodes in turn (route_without_conductor says which roles)."""
 
     def __init__(self, nodes: NodeSet | Sequence[NodeHandle]):
         self.nodes = NodeSet.of(nodes)
@@ -68,13 +85,7 @@ class RoundRobinRouter(Router):
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
                     exclude: frozenset[str] = frozenset()) -> Route:
         live = {role: [n for n in self.nodes.live(role) if n.name not in exclude] for role in Role}
-        if live[Role.PREFILL] and live[Role.DECODE]:
-            return Route(self._next(live, Role.PREFILL), self._next(live, Role.DECODE))
-        if live[Role.MIXED]:
-            return Route(self._next(live, Role.MIXED))
-        if live[Role.DECODE]:   # every prefill node is gone: decode nodes prefill for themselves
-            return Route(self._next(live, Role.DECODE))
-        raise NoNodeError("no live node can serve (neither a decode node nor a mixed node)")
+        return route_without_conductor(live, lambda role: self._next(live, role))
 
     def _next(self, live: dict[Role, list[NodeHandle]], role: Role) -> NodeHandle:
         nodes = live[role]

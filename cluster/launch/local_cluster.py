@@ -20,8 +20,10 @@ from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, g
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import ConductorConfig, LocalPrefillConfig
+from raypd.conductor.planners.duties import DutyPlannerConfig
 from raypd.conductor.topology import Topology
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
+from raypd.protocol.duty import Duty
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,8 @@ ROLE_LABEL = "raypd.io/role"
 
 NODE_CLASSES = {Role.PREFILL: ("raypd.prefill_node.prefill_node", "PrefillNode"),
                 Role.DECODE: ("raypd.decode_node.decode_node", "DecodeNode"),
-                Role.MIXED: ("raypd.node.mixed_node", "MixedNode")}
+                Role.MIXED: ("raypd.node.mixed_node", "MixedNode"),
+                Role.FLEX: ("raypd.node.flex_node", "FlexNode")}
 
 
 class ClusterStartError(RuntimeError):
@@ -69,6 +72,11 @@ class ClusterSpec:
     # Conductor may let a decode node prefill a prompt itself, and decode nodes compute at most this
     # many prompt tokens per step (EngineConfig.max_prefill_tokens_per_step). Needs a policy and PD nodes.
     local_prefill_budget: int | None = None
+    # Start the PD nodes as flex nodes (node/flex_node.py): prefill_nodes of them in the prefill duty,
+    # decode_nodes in the decode duty, and the Conductor's duty planner moves them between the two as
+    # the load shifts (conductor/planners/duties.py). With local_prefill_budget it may leave no node in
+    # the prefill duty (every node then prefills its own prompts). Needs a policy.
+    flex: bool = False
     # How many times Ray restarts a node actor that died (SIGKILL, OOM, an engine crash): the same
     # name and constructor args, a fresh engine; the node pool re-attaches it. 0: a death is final.
     max_node_restarts: int = 0
@@ -92,9 +100,19 @@ class ClusterSpec:
                 raise ValueError("local_prefill_budget must be >= 1 prompt tokens per step")
             if self.policy is None or not self.decode_nodes:
                 raise ValueError("local prefill needs a Conductor policy and decode nodes (it chooses per request)")
+        if self.flex and (self.policy is None or not self.decode_nodes):
+            raise ValueError("flex nodes need a Conductor policy (its planner sets their duties) and PD node counts")
 
     def roles(self) -> list[Role]:
-        return [Role.PREFILL] * self.prefill_nodes + [Role.DECODE] * self.decode_nodes + [Role.MIXED] * self.mixed_nodes
+        pd = [Role.FLEX] * (self.prefill_nodes + self.decode_nodes) if self.flex else \
+            [Role.PREFILL] * self.prefill_nodes + [Role.DECODE] * self.decode_nodes
+        return pd + [Role.MIXED] * self.mixed_nodes
+
+    def duties(self) -> list[Duty | None]:
+        """Each of roles()'s nodes' first duty (None: a fixed role)."""
+        if not self.flex:
+            return [None] * len(self.roles())
+        return [Duty.PREFILL] * self.prefill_nodes + [Duty.DECODE] * self.decode_nodes + [None] * self.mixed_nodes
 
 
 class NodeCluster:
@@ -115,22 +133,23 @@ class NodeCluster:
         try:
             if spec.policy is not None:
                 cluster.conductor = _start_conductor(spec, spec.policy)
-            cluster.add_nodes(spec.roles())
+            cluster.add_nodes(spec.roles(), duties=spec.duties())
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
     def add_nodes(self, roles: Sequence[Role | str], engine_options: dict | None = None,
-                  transfer_options: dict | None = None) -> list[NodeHandle]:
-        """Start nodes of the given roles (options merged over the spec's) and wait until they are ready."""
+                  transfer_options: dict | None = None, duties: Sequence[Duty | None] | None = None) -> list[NodeHandle]:
+        """Start nodes of the given roles (options merged over the spec's) and wait until they are
+        ready. `duties`: the flex nodes' first duties, one per role (decode by default)."""
         created = []
-        for role in map(Role.parse, roles):
+        for role, duty in zip(map(Role.parse, roles), duties or [None] * len(roles)):
             n = self._counters.get(role, 0)
             self._counters[role] = n + 1
             name = f"{self.spec.name_prefix}-{role}-{n}"
             created.append((name, role, _create_actor(self.spec, role, name, engine_options or {},
-                                                      transfer_options or {})))
+                                                      transfer_options or {}, duty)))
         try:
             hint = ""
             if self.spec.place_by_role:
@@ -186,6 +205,8 @@ def _start_conductor(spec: ClusterSpec, policy: str):
     if spec.local_prefill_budget is not None and "local_prefill" not in spec.conductor_options:
         config = replace(config, local_prefill=LocalPrefillConfig(enabled=True,
                                                                   step_budget_tokens=spec.local_prefill_budget))
+        if spec.flex and "duties" not in spec.conductor_options:  # every node may prefill its own prompts
+            config = replace(config, duties=DutyPlannerConfig(min_prefill_nodes=0))
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
     conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
@@ -198,18 +219,21 @@ def _start_conductor(spec: ClusterSpec, policy: str):
     return conductor
 
 
-def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict):
+def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict,
+                  duty: Duty | None = None):
     module, cls_name = NODE_CLASSES[role]
     cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
     budget = {"max_prefill_tokens_per_step": spec.local_prefill_budget} \
-        if role is Role.DECODE and spec.local_prefill_budget is not None else {}
+        if role in (Role.DECODE, Role.FLEX) and spec.local_prefill_budget is not None else {}
     options = {**spec.engine_options, **budget, **spec.role_engine_options.get(role, {}), **engine_options}
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,
               "data_plane_secret": spec.data_plane_secret}
     if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint
         kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
-    if role is Role.DECODE:
+    if role in (Role.DECODE, Role.FLEX):
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
+    if role is Role.FLEX:
+        kwargs["duty"] = duty or Duty.DECODE
     placement = {"label_selector": {ROLE_LABEL: role}} if spec.place_by_role else {}
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
                                      max_concurrency=1000, max_restarts=spec.max_node_restarts, **placement)

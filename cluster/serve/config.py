@@ -59,9 +59,11 @@ class ServeConfig:
     max_ongoing_requests: int | None = None
     max_queued_requests: int | None = None
     ttft_slo_s: float | None = None       # the Conductor rejects (429) a request whose estimated TTFT exceeds it
-    # Adaptive disaggregation (conductor/split_or_local.py): per request, the Conductor chooses the
-    # split path or lets the decode node prefill the prompt itself, at most local_prefill_budget
-    # prompt tokens per decode step so its running requests keep their TPOT.
+    # Adaptive disaggregation: the PD nodes start as flex nodes whose duty (prefill or decode) the
+    # Conductor's planner moves as the load shifts (conductor/planners/duties.py), and per request the
+    # Conductor chooses the split path or lets the decode node prefill the prompt itself
+    # (conductor/split_or_local.py), at most local_prefill_budget prompt tokens per decode step so its
+    # running requests keep their TPOT.
     adaptive: bool = False
     local_prefill_budget: int = 32
     app_name: str = "raypd"
@@ -172,7 +174,8 @@ class ServeConfig:
             engine = EngineConfig(**(BATCH_DEFAULTS["cuda" if on_gpu else "cpu"] | self.engine_options))
         except Exception as e:  # noqa: BLE001 - unknown option (TypeError) or bad value (ConfigError)
             raise ServeConfigError(f"engine options: {e}") from None
-        held = (self.decode_nodes + self.mixed_nodes) * (engine.max_running_requests + engine.waiting_limit)
+        decoding = self.decode_nodes + self.mixed_nodes + (self.prefill_nodes if self.adaptive else 0)  # flex may decode
+        held = decoding * (engine.max_running_requests + engine.waiting_limit)
         ongoing = self.max_ongoing_requests or max(1, -(-held // self.ingress_replicas))
         return ongoing, ongoing if self.max_queued_requests is None else self.max_queued_requests
 
@@ -184,4 +187,5 @@ class ServeConfig:
                            policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts,
                            data_plane_secret=self.secret,
                            local_prefill_budget=self.local_prefill_budget if self.adaptive else None,
+                           flex=self.adaptive,
                            conductor_options={} if self.ttft_slo_s is None else {"ttft_slo_s": self.ttft_slo_s})

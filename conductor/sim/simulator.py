@@ -22,7 +22,7 @@ import numpy as np
 from raypd.conductor.config import LocalPrefillConfig
 from raypd.conductor.core import ConductorCore
 from raypd.conductor.errors import AdmissionRejected
-from raypd.conductor.migration import MigrationPlan
+from raypd.conductor.planners.migration import MigrationPlan
 from raypd.conductor.sim.nodes import Job, Outcome, SimDecodeNode, SimPrefillNode
 from raypd.conductor.sim.profiles import HardwareProfile, build_topology, conductor_config
 from raypd.conductor.sim.workload import SimRequest

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from raypd.conductor.config import MigrationConfig
-from raypd.conductor.hot_prefix import HotPrefixTracker
-from raypd.conductor.migration import MigrationStatus
+from raypd.conductor.planners.hot_prefix import HotPrefixTracker
+from raypd.conductor.planners.migration import MigrationStatus
 from tests.conductor.helpers import EventMaker, batch, load
 from tests.conductor.test_policies import PREFIX, PROMPT, make_core
 

@@ -34,7 +34,7 @@ from enum import IntEnum
 import numpy as np
 
 from raypd.conductor.config import MigrationConfig
-from raypd.conductor.hot_prefix import HotPrefix, HotPrefixTracker
+from raypd.conductor.planners.hot_prefix import HotPrefix, HotPrefixTracker
 
 
 class MigrationStatus(IntEnum):
