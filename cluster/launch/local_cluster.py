@@ -153,7 +153,7 @@ class NodeCluster:
         try:
             hint = ""
             if self.spec.place_by_role:
-                labels = ", ".join(sorted({f"{ROLE_LABEL}={r}" for r in roles}))
+                labels = ", ".join(sorted({f"{ROLE_LABEL}={placement_label(Role.parse(r))}" for r in roles}))
                 hint = f" (place_by_role: is there a Ray node labelled {labels} with free resources?)"
             infos = _wait_ready([a for _, _, a in created], self.spec.start_timeout_s, hint)
         except BaseException:
@@ -219,6 +219,13 @@ def _start_conductor(spec: ClusterSpec, policy: str):
     return conductor
 
 
+def placement_label(role: Role) -> str:
+    """The raypd.io/role values a node of this role may run on (a Ray label selector value). A flex
+    node changes duty at run time, so any machine meant for prefill or decode will do, or one
+    labelled flex: a chart or cluster.yaml written for PD serves --adaptive unchanged."""
+    return "in(prefill,decode,flex)" if role is Role.FLEX else role.value
+
+
 def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict,
                   duty: Duty | None = None):
     module, cls_name = NODE_CLASSES[role]
@@ -234,7 +241,7 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
     if role is Role.FLEX:
         kwargs["duty"] = duty or Duty.DECODE
-    placement = {"label_selector": {ROLE_LABEL: role}} if spec.place_by_role else {}
+    placement = {"label_selector": {ROLE_LABEL: placement_label(role)}} if spec.place_by_role else {}
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
                                      max_concurrency=1000, max_restarts=spec.max_node_restarts, **placement)
     return remote.remote(**kwargs)

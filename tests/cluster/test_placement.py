@@ -1,6 +1,7 @@
 """Role placement on a real local Ray node labelled as a decode machine: with place_by_role a decode
-actor starts there and a prefill actor finds no node; without it the prefill actor starts too, with its
-bootstrap server on the node's IP."""
+actor starts there and a prefill actor finds no node, while a flex node (which changes duty) takes any
+machine meant for prefill, decode or flex; without it the prefill actor starts too, with its bootstrap
+server on the node's IP."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,14 @@ def test_actors_go_only_to_nodes_labelled_with_their_role(decode_machine):
     with pytest.raises(ClusterStartError, match="raypd.io/role=prefill"):
         strict.add_nodes(["prefill"])  # no Ray node says raypd.io/role=prefill
     assert strict.nodes == []
+
+
+def test_a_flex_node_goes_to_a_machine_labelled_for_either_duty(decode_machine):
+    flexible = NodeCluster(dataclasses.replace(SPEC, name_prefix="flex"), started_ray=False)
+    decode_machine.append(flexible)
+    (flex,) = flexible.add_nodes(["flex"], duties=["prefill"])
+    assert flex.role == "flex" and flex.host.node_id == ray.get_runtime_context().get_node_id()
+    assert ray.get(flex.actor.load_report.remote(), timeout=30).duty == "prefill"
 
 
 def test_without_place_by_role_any_node_will_do(decode_machine):
