@@ -78,6 +78,9 @@ class Conductor:
         slot = self.core.register_node(name, role, host, handle, bootstrap_address, duty).slot
         if kv_seq > 0 and handle is not None:
             self._start_resync(name)
+        if (restored := self.core.duty_to_restore(name)) is not None:   # Ray restarted it with its launch duty
+            log.info("flex node %s came back in its launch duty: ordering it back to %s", name, restored)
+            self._spawn(self._tell_duty(name, restored.value))
         return slot
 
     async def heartbeat(self, name: str) -> None:
@@ -128,12 +131,15 @@ class Conductor:
 
     async def set_duty(self, name: str, duty: str) -> str:
         """An operator's order: flex node `name` is to take `duty` (it drains the other first), as
-        the duty planner orders it. Returns the duty state the node reported it led to."""
+        the duty planner orders it. Returns the duty state the node reported it led to ("" if it
+        could not be told). DutyOrderRefused for a node that is not flex or an order that would
+        leave a duty with no node. The planner may later undo it: pause_duty_planner first."""
         self.core.order_duty(name, duty)
         return await self._tell_duty(name, duty)
 
     async def pause_duty_planner(self, paused: bool = True) -> None:
-        """Stop (or restart) the planner's own orders, so duties set by hand stay as set."""
+        """Stop (or restart) the planner's own orders, so duties set by hand stay as set. Not kept
+        across a Conductor restart: a new incarnation starts with its planner running."""
         self.core.duties.paused = paused
 
     async def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
@@ -204,15 +210,24 @@ class Conductor:
             self._resyncing.discard(name)
 
     async def _tell_duty(self, name: str, duty: str) -> str:
-        """Carry an order to the node. If it cannot be told, its own reports (stamped after the
-        order) put the Conductor back in step with the duty it kept."""
+        """Carry an order to the node with its stamp, which the node echoes in its reports. If it
+        cannot be told, the Conductor believes the node's own reports again (the duty it kept)."""
+        import ray
+
+        stamp = 0.0
         try:
             info = self.core.registry.get_alive(name)
+            stamp = info.duty_ordered_at
             if info.handle is None:
                 raise UnknownNodeError(f"{name} registered without a handle")
-            return await asyncio.wait_for(_await(info.handle.set_duty.remote(duty)), self.config.resync_timeout_s)
-        except Exception as e:  # noqa: BLE001 - actor death, timeout: the heartbeat path settles it
+            return await asyncio.wait_for(_await(info.handle.set_duty.remote(duty, stamp)),
+                                          self.config.duty_order_timeout_s)
+        except ray.exceptions.RayActorError:
+            self.core.mark_dead(name, "actor died (duty order)")
+            return ""
+        except Exception as e:  # noqa: BLE001 - timeout, unknown node: keep serving, the reports decide
             log.warning("could not tell %s to take the %s duty: %s", name, duty, e)
+            self.core.duty_order_lost(name, stamp)
             return ""
 
     def _start_migrations(self) -> None:

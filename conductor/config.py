@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raypd.conductor.planners.duties import DutyPlannerConfig
-
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
@@ -84,6 +82,37 @@ class LocalPrefillConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DutyPlannerConfig:
+    """Flex nodes' duty planner (planners/duties.py says what each field does to it)."""
+    enabled: bool = True          # acts only on flex nodes: a deployment without them never sees it
+    busy_wait_s: float = 2.0      # prompt wait above which one more node takes up prefill
+    idle_wait_s: float = 0.25     # prompt wait below which a prefill node's duty is released
+    hold_s: float = 4.0           # how long a pressure must last before a node moves
+    cooldown_s: float = 8.0       # after an order, before the next one
+    min_prefill_nodes: int = 1    # 0 lets every node decode (only with local prefill: ConductorCore checks)
+    min_decode_nodes: int = 1
+    max_backoff: float = 8.0      # cooldown_s x this at most, after orders that flap back and forth
+    decode_min_free_share: float = 0.1   # a decode node with less of its KV pool free calls for help
+    # Decode steps slower than this call for another decode node too (a fraction of the TPOT
+    # target; None: only KV memory does). Device-dependent, so no default.
+    decode_busy_step_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_wait_s < self.busy_wait_s:
+            raise ValueError(f"need 0 <= idle_wait_s < busy_wait_s, got {self.idle_wait_s}, {self.busy_wait_s}")
+        if self.hold_s < 0 or self.cooldown_s < 0:
+            raise ValueError("hold_s and cooldown_s must be >= 0")
+        if self.min_prefill_nodes < 0 or self.min_decode_nodes < 1:
+            raise ValueError("need min_prefill_nodes >= 0 and min_decode_nodes >= 1")
+        if self.max_backoff < 1:
+            raise ValueError(f"need max_backoff >= 1, got {self.max_backoff}")
+        if not 0 <= self.decode_min_free_share <= 1:
+            raise ValueError(f"need 0 <= decode_min_free_share <= 1, got {self.decode_min_free_share}")
+        if self.decode_busy_step_s is not None and self.decode_busy_step_s < 0:
+            raise ValueError(f"need decode_busy_step_s >= 0, got {self.decode_busy_step_s}")
+
+
+@dataclass(frozen=True, slots=True)
 class ConductorConfig:
     policy: str = "cost"
     block_size: int = 16            # until nodes' events say otherwise
@@ -94,6 +123,7 @@ class ConductorConfig:
     tbt_slo_s: float | None = None
     verify_hashes: bool = True      # recompute every BlockStored hash with engine.block_hash
     resync_timeout_s: float = 30.0
+    duty_order_timeout_s: float = 10.0   # telling a flex node its new duty (it answers from its engine thread)
     # Count a routed prompt's blocks as held by its prefill node until its KV events report them
     # (pending_prefixes.py), for at most pending_ttl_factor x the decision's TTFT estimate (>= 1 s).
     pending_prefixes: bool = True

@@ -13,6 +13,7 @@ part at once: registry slot, index entries, load arrays, running migrations.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 
 from raypd.conductor.config import ConductorConfig
 from raypd.conductor.decision import DecisionLog, RouteDecision
-from raypd.conductor.errors import AdmissionRejected, NoCandidateError, UnknownNodeError
+from raypd.conductor.errors import AdmissionRejected, DutyOrderRefused, NoCandidateError, UnknownNodeError
 from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 from raypd.conductor.load_table import LoadTable
 from raypd.conductor.metrics import ConductorMetrics
@@ -41,6 +42,8 @@ from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
 
 _PREDICTIONS_KEPT = 4096
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class ConductorCore:
         self.policy = policy if policy is not None else make_policy(config.policy, config)
         self.planner = MigrationPlanner(config.migration, c.kv_bytes_per_token)
         self.duties = DutyPlanner(config.duties)
+        self._ordered_duties: dict[str, Duty] = {}   # the duty last ordered per flex node, kept across its restarts
         self.log = DecisionLog(config.decision_log_size)
         self.metrics = metrics if metrics is not None else ConductorMetrics()
         self._names: list[str] = []
@@ -136,7 +140,7 @@ class ConductorCore:
     def report_load(self, report: LoadReport) -> None:
         info = self.registry.report_load(report)
         self.table.update(info.slot, report)
-        if info.duty is not None and report.duty and report.timestamp >= info.duty_ordered_at:
+        if info.duty is not None and report.duty and report.duty_order >= info.duty_ordered_at:
             self._set_duty(info, Duty.parse(report.duty))
         routed = info.routed_as
         if routed is not None and routed.serves_decode and report.running > 0 and report.step_time_s > 0:
@@ -343,28 +347,60 @@ class ConductorCore:
             return None
         order = self.duties.plan(self.clock(), self.duty_signals())
         if order is not None:
-            self.order_duty(order.node, order.duty)
+            try:
+                self.order_duty(order.node, order.duty)
+            except DutyOrderRefused as e:   # the planner's view and the invariant disagree: no order
+                log.info("duty planner's order refused: %s", e)
+                return None
         return order
 
     def order_duty(self, name: str, duty: Duty | str) -> Duty:
         """Route `name` as `duty` once it drained the other: from now on it gets no work of the other
-        duty (nor any while it drains). Returns the state expected; the node's reports confirm it.
-        ValueError for a node that is not flex, or when the order would leave no node to decode (or,
-        without local prefill, none to prefill)."""
+        duty (nor any while it drains). Returns the state expected; the node's reports confirm it,
+        once they carry this order's stamp (`NodeInfo.duty_ordered_at`, which the caller hands the
+        node with the order). DutyOrderRefused for a node that is not flex, or when the order would
+        leave no node to decode (or, without local prefill, none to prefill). Either the planner's or
+        an operator's: both start the planner's cooldown."""
         info = self.registry.get_alive(name)
         if info.duty is None:
-            raise ValueError(f"{name} is a {info.role} node: only flex nodes change duty")
+            raise DutyOrderRefused(f"{name} is a {info.role} node: only flex nodes change duty")
         target = Duty.parse(duty).target
         leaving = info.routed_as
         if leaving is not None and leaving is not target.role:
             others = self.table.decode_slots() if leaving is Role.DECODE else self.table.prefill_slots()
             if not len(others[others != info.slot]) and (leaving is Role.DECODE or not self.config.local_prefill.enabled):
-                raise ValueError(f"{name} is the last node in the {leaving} duty: ordering it to {target} "
+                raise DutyOrderRefused(f"{name} is the last node in the {leaving} duty: ordering it to {target} "
                                  f"would leave no node to {'decode' if leaving is Role.DECODE else 'prefill'}")
+        now = self.clock()
         self._set_duty(info, info.duty.toward(target))
-        info.duty_ordered_at = self.clock()
-        self.metrics.duty_order(Duty.parse(duty).target)
+        info.duty_ordered_at = max(now, info.duty_ordered_at + 1e-6)   # a fresh stamp, even on a coarse clock
+        self._ordered_duties[name] = target
+        self.duties.ordered(now, name, target)
+        self.metrics.duty_order(target)
         return info.duty
+
+    def duty_order_lost(self, name: str, stamp: float) -> None:
+        """The node could not be told of the order stamped `stamp` (dead, timed out): believe its
+        own reports again rather than wait for a stamp it will never echo."""
+        info = self.registry.get(name) if name in self.registry else None
+        if info is not None and info.alive and info.duty_ordered_at == stamp:
+            info.duty_ordered_at = 0.0
+            self._ordered_duties.pop(name, None)
+
+    def duty_to_restore(self, name: str) -> Duty | None:
+        """After a flex node re-registered (Ray restarted it with the duty it was launched with), the
+        duty last ordered for it, if that differs and may still be taken; the caller orders it again."""
+        info = self.registry.get(name) if name in self.registry else None
+        wanted = self._ordered_duties.get(name)
+        if info is None or info.duty is None or wanted is None or info.duty.target is wanted:
+            return None
+        try:
+            self.order_duty(name, wanted)
+        except DutyOrderRefused as e:
+            log.info("not restoring %s's %s duty: %s", name, wanted, e)
+            self._ordered_duties.pop(name, None)
+            return None
+        return wanted
 
     def _set_duty(self, info: NodeInfo, duty: Duty) -> None:
         info.duty = duty
@@ -383,9 +419,13 @@ class ConductorCore:
         prompt_side = p if len(p) else d
         flex = tuple(FlexState(info.name, info.duty, float(queued_s[info.slot]), float(sequences[info.slot]))
                      for info in self.registry.alive() if info.duty is not None)
+        steps = t.step_time[d][t.step_time[d] > 0]
+        known = d[t.total_blocks[d] > 0]           # reported at least once
         return DutySignals(prompt_wait_s=float(queued_s[prompt_side].mean()) if len(prompt_side) else 0.0,
                            decode_sequences=float(sequences[d].sum()), prefill_nodes=len(p), decode_nodes=len(d),
-                           flex=flex)
+                           decode_free_share=float((t.free_blocks[known] / t.total_blocks[known]).min())
+                           if len(known) else 1.0,
+                           decode_step_s=float(steps.mean()) if len(steps) else 0.0, flex=flex)
 
     def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
         return self.log.recent(n)

@@ -63,5 +63,10 @@ class TopologyError(ConductorError, ValueError):
     pass
 
 
+class DutyOrderRefused(ConductorError, ValueError):
+    """A duty order that cannot be carried out: the node is not flex, or it would leave no node to
+    decode (or, without local prefill, none to prefill)."""
+
+
 class MigrationError(ConductorError):
     pass

@@ -43,6 +43,7 @@ class FlexNode:
                  duty: Duty | str = Duty.DECODE):
         self.name = name
         self.duty = Duty.parse(duty).target
+        self.duty_order = 0.0       # the Conductor's stamp of the order it last took, echoed in reports
         self.num_duty_changes = 0
         self.core = core = NodeCore(name, self.role, model, engine_options, num_cpus, tick=self._tick,
                                     on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
@@ -73,10 +74,12 @@ class FlexNode:
     async def abort_migration(self, room: int) -> None:
         await self.prefill_half.abort_migration(room)
 
-    async def set_duty(self, duty: str) -> str:
+    async def set_duty(self, duty: str, order: float = 0.0) -> str:
         """The planner's order: take `duty` once the other duty's work has ended. Returns the duty
-        state it led to (already settled when nothing was held)."""
-        return await self.core.call(self._set_duty, Duty.parse(duty))
+        state it led to (already settled when nothing was held). `order`: the Conductor's stamp of
+        the order, echoed in every later LoadReport, so the Conductor can tell a report written
+        before the node took the order from one written after (no comparison across clocks)."""
+        return await self.core.call(self._set_duty, Duty.parse(duty), order)
 
     # -- Ray-callable, every role ---------------------------------------------------------------------
     async def ready(self) -> dict:
@@ -118,8 +121,9 @@ class FlexNode:
     def _half(self, duty: Duty) -> PrefillNode | DecodeNode:
         return self.prefill_half if duty is Duty.PREFILL else self.decode_half
 
-    def _set_duty(self, duty: Duty) -> str:
+    def _set_duty(self, duty: Duty, order: float = 0.0) -> str:
         before, self.duty = self.duty, self.duty.toward(duty)
+        self.duty_order = order
         if self.duty is not before:
             log.info("flex node %s: duty %s -> %s", self.name, before, self.duty)
         self._settle()
@@ -154,7 +158,8 @@ class FlexNode:
     def _load_report(self) -> LoadReport:
         p, d = self.prefill_half._held(), self.decode_half._held()
         return self.core.load_report(p["waiting"] + d["waiting"], p["queued_tokens"] + d["queued_tokens"],
-                                     p["inflight"] + d["inflight"], stats=self._role_stats(), duty=self.duty.value)
+                                     p["inflight"] + d["inflight"], stats=self._role_stats(), duty=self.duty.value,
+                                     duty_order=self.duty_order)
 
     def _stats(self) -> dict:
         return self.core.stats(**self._role_stats())
@@ -167,7 +172,8 @@ class FlexNode:
         return {"duty": self.duty.value, "duty_changes": self.num_duty_changes, "prefill": p, "decode": d,
                 "queues": queues,
                 "completed": p["completed"], "failed": p["failed"], "prefix_copies": p["prefix_copies"],
-                "refused": p["refused"] + d["refused"], "local_prefills": d["local_prefills"]}
+                "refused": p["refused"] + d["refused"], "local_prefills": d["local_prefills"],
+                "transfer": {"live_rooms": p["transfer"]["live_rooms"] + d["transfer"]["live_rooms"]}}
 
     def _check_idle(self) -> dict:
         p, d = self.prefill_half._still_held(), self.decode_half._still_held()

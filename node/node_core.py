@@ -171,7 +171,7 @@ class NodeCore:
 
     # -- engine thread ----------------------------------------------------------------------------
     def load_report(self, waiting: int = 0, queued_tokens: int = 0, inflight: int = 0,
-                    stats: dict | None = None, duty: str = "") -> LoadReport:
+                    stats: dict | None = None, duty: str = "", duty_order: float = 0.0) -> LoadReport:
         """The engine's load plus what the role's stages hold outside it (`waiting` requests with
         `queued_tokens` prompt tokens; `inflight` KV handoffs) and a flex node's duty; also feeds
         the node's metrics."""
@@ -181,7 +181,7 @@ class NodeCore:
             waiting=load.waiting + waiting, running=load.running, free_blocks=load.free_blocks,
             total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=inflight,
             step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
-            duty=duty)
+            duty=duty, duty_order=duty_order)
         self.metrics.observe(report, stats)
         return report
 

@@ -131,6 +131,7 @@ class LoadReport:
     prefill_tokens_per_s: float = 0.0  # measured prefill speed (moving average), for TTFT estimates
     timestamp: float = 0.0
     duty: str = ""                 # a flex node's Duty (protocol/duty.py); "" for a node with a fixed role
+    duty_order: float = 0.0        # the stamp of the last duty order it took (the Conductor's clock; 0: none)
 
 
 @dataclass(frozen=True, slots=True)

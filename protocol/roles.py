@@ -3,9 +3,9 @@ node whose duty the Conductor's planner assigns), the one role type.
 
 A `str` enum, so a role crosses msgpack and Ray as its plain name ("prefill") and compares equal to
 it; code names the members instead of spelling strings. `serves_prefill` / `serves_decode` say which
-half of a request a node can take, so callers ask for a duty instead of listing roles;
-`prefills_alone` says it can also serve a whole request by itself (a mixed node always does; decode
-and flex nodes through the local path).
+half of a request a node can take, so callers ask for a duty instead of listing roles. A node that
+serves decode can also serve a whole request by itself: a mixed node always does, decode and flex
+nodes through the local path (they prefill the prompt in their own steps).
 """
 from __future__ import annotations
 
@@ -27,11 +27,6 @@ class Role(str, Enum):
 
     @property
     def serves_decode(self) -> bool:
-        return self is not Role.PREFILL
-
-    @property
-    def prefills_alone(self) -> bool:
-        """It can take a whole request by itself: prefill the prompt in its own engine and decode."""
         return self is not Role.PREFILL
 
     @classmethod

@@ -18,7 +18,8 @@ import psutil
 from raypd.benchmarks.serve.systems import Launched, LaunchError
 
 # Ray actor class -> the role a kill target has (schedule.py's ROLES).
-CLASS_ROLES = {"PrefillNode": "prefill", "DecodeNode": "decode", "MixedNode": "mixed", "Conductor": "conductor"}
+CLASS_ROLES = {"PrefillNode": "prefill", "DecodeNode": "decode", "MixedNode": "mixed", "FlexNode": "flex",
+               "Conductor": "conductor"}
 _ADDRESS_LINE = re.compile(r"Ray cluster: (\S+)")
 
 

@@ -21,7 +21,7 @@ from typing import Literal, Protocol, TypeVar
 
 Kind = Literal["ray_kill", "sigkill", "engine_crash"]
 KINDS: tuple[Kind, ...] = ("ray_kill", "sigkill", "engine_crash")
-ROLES = ("prefill", "decode", "mixed", "conductor")
+ROLES = ("prefill", "decode", "mixed", "flex", "conductor")
 CONDUCTOR = "conductor"
 
 

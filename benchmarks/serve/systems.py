@@ -3,7 +3,8 @@
     raypd-pd      raypd serve: 1 prefill + 1 decode node, cost routing
     raypd-pd-rr   the same with the round_robin policy
     raypd-mixed   raypd serve --mixed-nodes 2: two colocated nodes (the replica-fleet baseline)
-    raypd-adaptive  raypd-pd with --adaptive: the Conductor chooses split or local per request
+    raypd-adaptive  raypd-pd with --adaptive: flex nodes whose duty the Conductor moves, and split
+                  or local per request
     llamacpp      llama.cpp's llama-server on the GGUF raypd serves by default, one slot per
                   concurrent request, prompt caching on (`cache_prompt` in every request)
     llamacpp-t1   the same with one thread: on a busy shared machine llama.cpp's threads wait for

@@ -74,8 +74,9 @@ class Membership:
     @property
     def can_serve(self) -> bool:
         """A request can be served: a live decode node (with a live prefill node, or prefilling for
-        itself while none lives: the local path), a live mixed node or a live flex node."""
-        return any(self.live(role) for role in Role if role.prefills_alone)
+        itself while none lives: the local path), a live mixed node or a live flex node: any node
+        that decodes can serve whole requests."""
+        return any(self.live(role) for role in Role if role.serves_decode)
 
     def health(self) -> dict:
         """/health's body: the verdict, each node's state and the Conductor's."""

@@ -75,7 +75,7 @@ class RequestDriver:
         `decode`; a mixed node does both, and so does a decode or flex node on the local path (it
         prefills the prompt itself): pass it as `prefill`, with no `decode`."""
         if decode is None:
-            if not prefill.role.prefills_alone:
+            if not prefill.role.serves_decode:   # a node that decodes can prefill its own prompts
                 raise ValueError(f"{prefill.name} is a {prefill.role} node: it needs a decode node")
             req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
                               reply_address=self.receiver.address, local_prefill=prefill.role is not Role.MIXED)

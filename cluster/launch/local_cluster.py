@@ -19,8 +19,7 @@ from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, gpus_per_node
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
-from raypd.conductor.config import ConductorConfig, LocalPrefillConfig
-from raypd.conductor.planners.duties import DutyPlannerConfig
+from raypd.conductor.config import ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.topology import Topology
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.protocol.duty import Duty
@@ -144,7 +143,7 @@ class NodeCluster:
         """Start nodes of the given roles (options merged over the spec's) and wait until they are
         ready. `duties`: the flex nodes' first duties, one per role (decode by default)."""
         created = []
-        for role, duty in zip(map(Role.parse, roles), duties or [None] * len(roles)):
+        for role, duty in zip(map(Role.parse, roles), duties or [None] * len(roles), strict=True):
             n = self._counters.get(role, 0)
             self._counters[role] = n + 1
             name = f"{self.spec.name_prefix}-{role}-{n}"
@@ -201,12 +200,13 @@ class NodeCluster:
 
 
 def _start_conductor(spec: ClusterSpec, policy: str):
-    config = replace(ConductorConfig(), policy=policy, **spec.conductor_options)
-    if spec.local_prefill_budget is not None and "local_prefill" not in spec.conductor_options:
-        config = replace(config, local_prefill=LocalPrefillConfig(enabled=True,
-                                                                  step_budget_tokens=spec.local_prefill_budget))
-        if spec.flex and "duties" not in spec.conductor_options:  # every node may prefill its own prompts
-            config = replace(config, duties=DutyPlannerConfig(min_prefill_nodes=0))
+    derived: dict = {"policy": policy}
+    if spec.local_prefill_budget is not None:
+        derived["local_prefill"] = LocalPrefillConfig(enabled=True, step_budget_tokens=spec.local_prefill_budget)
+        if spec.flex:  # every node may prefill its own prompts: the prefill duty may empty
+            derived["duties"] = DutyPlannerConfig(min_prefill_nodes=0)
+    # One replace, so the config is checked once with every field final (conductor_options win).
+    config = replace(ConductorConfig(), **(derived | spec.conductor_options))
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
     conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)

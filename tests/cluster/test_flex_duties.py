@@ -21,13 +21,14 @@ pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 WAIT_S = 120.0
-PLANNER = {"busy_wait_s": 30.0, "idle_wait_s": 1.0, "hold_s": 1.0, "cooldown_s": 2.0, "min_prefill_nodes": 0}
+# decode_busy_step_s=0: any decode step counts as pressure, so the idle prefill node is released
+PLANNER = {"busy_wait_s": 30.0, "idle_wait_s": 1.0, "hold_s": 1.0, "cooldown_s": 2.0, "min_prefill_nodes": 0,
+           "decode_busy_step_s": 0.0}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from raypd.conductor.config import LocalPrefillConfig
-    from raypd.conductor.planners.duties import DutyPlannerConfig
+    from raypd.conductor.config import DutyPlannerConfig, LocalPrefillConfig
 
     c = NodeCluster.start(ClusterSpec(
         prefill_nodes=1, decode_nodes=1, flex=True, cpus_per_node=0.5, policy="cost",
@@ -104,6 +105,7 @@ def test_operator_orders_under_load_drain_first_and_lose_nothing(cluster, prompt
                 await asyncio.sleep(0.05)
             state = await cluster.conductor.set_duty.remote(mover.name, "prefill")
             seen.add(state)
+            assert duties(cluster)[mover.name] == "draining-to-prefill"      # routed nothing from now on
             second = asyncio.ensure_future(_serve(driver, router, prompt_ids, "d"))
             while (duty := (await mover.actor.load_report.remote()).duty) != "prefill":
                 seen.add(duty)
@@ -115,6 +117,10 @@ def test_operator_orders_under_load_drain_first_and_lose_nothing(cluster, prompt
         assert [t for t, _ in wave] == hf_reference
         assert all(f.error is None for _, f in wave)
     assert "draining-to-prefill" in seen
+    during = [d for d in ray.get(cluster.conductor.recent_decisions.remote(200), timeout=30)
+              if d.request_id.startswith("d")]        # wave d was routed while the mover drained
+    assert len(during) == len(prompt_ids)
+    assert all(mover.name not in (d.prefill_node, d.decode_node) for d in during), [d.explain() for d in during]
     assert duties(cluster)[mover.name] == "prefill"
     stats = ray.get(mover.actor.stats.remote(), timeout=30)
     assert stats["duty"] == "prefill" and stats["duty_changes"] >= 1 and stats["completed"] >= 1

@@ -1,7 +1,7 @@
 """Flex nodes' duties in the Conductor (conductor/planners/duties.py, ConductorCore.order_duty /
 plan_duties), on hand-built states: the real core with load reports written by the test and a fake
 clock. A flex node is routed to as its duty; an order takes it out of its old duty's routing at
-once; its reports (not older ones) say when the drain ended; the planner moves a node only after a
+once; its reports that echo the order's stamp (not older ones) say when the drain ended; the planner moves a node only after a
 pressure held, one change at a time, never below the minimum of either duty."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from raypd.conductor.config import ConductorConfig, LocalPrefillConfig
+from raypd.conductor.config import ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.core import ConductorCore
-from raypd.conductor.errors import NoCandidateError
-from raypd.conductor.planners.duties import DutyPlanner, DutyPlannerConfig, DutySignals, FlexState
+from raypd.conductor.errors import DutyOrderRefused, NoCandidateError
+from raypd.conductor.planners.duties import DutyPlanner, DutySignals, FlexState
 from raypd.protocol.duty import Duty
 from tests.conductor.helpers import host, load
 
@@ -42,9 +42,14 @@ class _Clock:
         return self.t
 
 
-def report(core: ConductorCore, name: str, duty: str, queued: int = 0, running: int = 0, at: float | None = None):
-    core.report_load(replace(load(name, "flex", queued=queued, speed=1000.0, running=running),
-                             duty=duty, timestamp=core.clock() if at is None else at))
+def report(core: ConductorCore, name: str, duty: str, queued: int = 0, running: int = 0, order: float | None = None,
+           free_blocks: int = 1000, step_time_s: float = 0.0):
+    """A LoadReport from flex node `name`; `order`: the order stamp it echoes (default: the last
+    order's, as a node that took it does)."""
+    stamp = core.registry.get(name).duty_ordered_at if order is None else order
+    core.report_load(replace(load(name, "flex", queued=queued, speed=1000.0, running=running,
+                                  free_blocks=free_blocks, step_time_s=step_time_s),
+                             duty=duty, duty_order=stamp, timestamp=core.clock()))
 
 
 def roles(core: ConductorCore) -> tuple[list[str], list[str]]:
@@ -66,9 +71,9 @@ def test_an_order_takes_the_node_out_of_routing_until_its_report_says_it_drained
     assert roles(core) == ([], ["f1", "f2"])
     d = core.route("r", PROMPT)                     # no prefill duty: the decode nodes prefill for themselves
     assert d.path == "local" and d.decode_node in ("f1", "f2")
-    report(core, "f0", "prefill", at=core.clock() - 0.1)   # stamped before the order: stale
-    assert roles(core) == ([], ["f1", "f2"])
     core.clock.t += 1
+    report(core, "f0", "prefill", order=0.0)        # written before it took the order (whatever its time): stale
+    assert roles(core) == ([], ["f1", "f2"])
     report(core, "f0", "draining-to-decode")
     assert roles(core) == ([], ["f1", "f2"])
     report(core, "f0", "decode")
@@ -78,30 +83,49 @@ def test_an_order_takes_the_node_out_of_routing_until_its_report_says_it_drained
 
 def test_an_order_never_leaves_no_node_to_decode_or_without_local_prefill_none_to_prefill():
     core = make()
-    with pytest.raises(ValueError, match="last node in the prefill duty"):
+    with pytest.raises(DutyOrderRefused, match="last node in the prefill duty"):
         core.order_duty("f0", "decode")
     core.order_duty("f1", "prefill")
-    with pytest.raises(ValueError, match="last node in the decode duty"):
+    with pytest.raises(DutyOrderRefused, match="last node in the decode duty"):
         core.order_duty("f2", "prefill")
     assert roles(core) == (["f0"], ["f2"])
     with pytest.raises(NoCandidateError):       # the draining node is routed nothing, f2 only decodes
         core.route("r", PROMPT, exclude=("f0",))
 
 
-def test_a_node_that_kept_its_duty_is_believed_from_its_next_report():
-    """The order never reached it (it was unreachable): its own reports put the Conductor back in step."""
+def test_a_node_that_was_never_told_is_believed_from_its_next_report():
+    """The order never reached it (timed out): once the actor says so, the node's own reports put the
+    Conductor back in step; until then a report without the order's stamp changes nothing."""
     core = make()
     core.order_duty("f1", "prefill")
+    stamp = core.registry.get("f1").duty_ordered_at
     core.clock.t += 1
-    report(core, "f1", "decode")
+    report(core, "f1", "decode", order=0.0)
+    assert roles(core) == (["f0"], ["f2"])
+    core.duty_order_lost("f1", stamp)
+    report(core, "f1", "decode", order=0.0)
     assert roles(core) == (["f0"], ["f1", "f2"])
+
+
+def test_a_flex_node_restarted_in_its_launch_duty_is_ordered_back():
+    """Ray restarts a dead actor with its constructor's arguments: a node launched as prefill and
+    since ordered to decode comes back as prefill. The Conductor orders it back to decode."""
+    core = make(replace(PLANNER, min_prefill_nodes=0), local=LOCAL)
+    core.order_duty("f0", "decode")
+    report(core, "f0", "decode")
+    assert roles(core) == ([], ["f0", "f1", "f2"])
+    core.register_node("f0", "flex", host(), duty="prefill")      # the restarted actor registers
+    assert core.duty_to_restore("f0") is Duty.DECODE
+    assert roles(core) == ([], ["f1", "f2"])                       # draining until it says decode
+    report(core, "f0", "decode")
+    assert roles(core) == ([], ["f0", "f1", "f2"]) and core.duty_to_restore("f0") is None
 
 
 def test_only_flex_nodes_change_duty_and_a_restarted_conductor_learns_duties_from_registration():
     core = ConductorCore(ConductorConfig(block_size=BS), clock=_Clock())
     core.register_node("p", "prefill", host())
     core.register_node("f", "flex", host(), duty="draining-to-prefill")
-    with pytest.raises(ValueError, match="only flex nodes"):
+    with pytest.raises(DutyOrderRefused, match="only flex nodes"):
         core.order_duty("p", "decode")
     assert roles(core) == (["p"], [])                   # draining: routed nothing
     with pytest.raises(ValueError, match="needs local_prefill"):
@@ -138,13 +162,22 @@ def test_the_planner_never_takes_the_last_decode_node():
     assert core.duties.orders == []
 
 
-def test_the_planner_releases_an_idle_prefill_node_while_decoders_work():
+def test_the_planner_releases_an_idle_prefill_node_only_when_decode_needs_it():
+    """Decoders that keep their pace and have KV to spare keep the prefill node where it is; once a
+    decode node runs short of KV blocks (or, with a step-time target, its steps grow slow), the idle
+    prefill node takes up decode."""
     core = make(replace(PLANNER, min_prefill_nodes=0), local=LOCAL)
-    report(core, "f1", "decode", running=4)
+    report(core, "f1", "decode", running=4, step_time_s=0.2)
+    for _ in range(6):
+        core.plan_duties()
+        core.clock.t += 2.0
+    assert core.plan_duties() is None
+    report(core, "f1", "decode", running=40, free_blocks=50)     # 5% of its pool free
     core.plan_duties()
     core.clock.t += 4.0
     order = core.plan_duties()
     assert order is not None and (order.node, order.duty) == ("f0", Duty.DECODE)
+    assert "5% of a decode node's KV blocks free" in order.reason
     report(core, "f0", "decode")
     assert roles(core) == ([], ["f0", "f1", "f2"])
     d = core.route("r", PROMPT)                          # every node decodes: prompts go local
@@ -188,3 +221,45 @@ def test_planner_hysteresis_on_signals_alone():
     assert paused.plan(0.0, busy) is None and paused.plan(10.0, busy) is None
     paused.paused = False                                # the pressure held while paused counts
     assert paused.plan(10.0, busy) is not None
+
+
+def test_a_duty_left_without_nodes_is_repaired_at_once():
+    """The last decode-duty node died: the planner moves a prefill node across on its next tick,
+    without waiting for a pressure to hold or for the cooldown of an order just given."""
+    core = make(replace(PLANNER, min_prefill_nodes=0), local=LOCAL)
+    core.order_duty("f1", "prefill")                # an operator's order: the cooldown starts now
+    report(core, "f1", "prefill")
+    core.mark_dead("f2", "killed")
+    assert roles(core) == (["f0", "f1"], [])
+    order = core.plan_duties()
+    assert order is not None and order.duty is Duty.DECODE and "fewer than 1" in order.reason
+    assert order.node in ("f0", "f1") and core.plan_duties() is None   # the drain counts toward decode
+
+
+def test_an_operator_order_starts_the_cooldown_and_a_flapping_node_backs_off():
+    planner = DutyPlanner(PLANNER)
+    flex = (FlexState("a", Duty.DECODE, 0.0, 2.0), FlexState("b", Duty.DECODE, 0.0, 1.0))
+    busy = DutySignals(prompt_wait_s=3.0, decode_sequences=3.0, prefill_nodes=1, decode_nodes=2, flex=flex)
+    planner.plan(0.0, busy)
+    planner.ordered(1.0, "a", Duty.PREFILL)         # by hand: no planner order within the cooldown
+    assert planner.plan(5.0, busy) is None and planner.plan(8.9, busy) is None
+    assert planner.plan(13.0, busy) is not None     # past the cooldown, busy since 5.0
+    assert planner.backoff == 1.0
+    planner.ordered(30.0, "a", Duty.DECODE)         # reverses a's last order: the next cooldown doubles
+    assert planner.backoff == 2.0
+    assert planner.plan(34.0, busy) is None and planner.plan(45.9, busy) is None
+    assert planner.plan(46.0, busy) is not None     # 16 s after the reversal
+    planner.ordered(200.0, "a", Duty.PREFILL)       # long after: the backoff was forgotten first
+    assert planner.backoff == 2.0
+
+
+def test_a_step_time_target_counts_as_decode_pressure():
+    core = make(replace(PLANNER, min_prefill_nodes=0, decode_busy_step_s=0.15), local=LOCAL)
+    report(core, "f1", "decode", running=4, step_time_s=0.1)
+    report(core, "f2", "decode", running=4, step_time_s=0.3)        # mean 200 ms > 150 ms
+    core.plan_duties()
+    core.clock.t += 4.0
+    order = core.plan_duties()
+    assert order is not None and order.duty is Duty.DECODE and "decode steps 200 ms > 150 ms" in order.reason
+    with pytest.raises(ValueError):
+        DutyPlannerConfig(decode_busy_step_s=-1.0)

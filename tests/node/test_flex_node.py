@@ -89,7 +89,9 @@ def test_a_duty_change_drains_the_old_duty_first(nodes, sink, make_llm):
 
 def test_an_idle_node_changes_duty_at_once_and_a_drain_can_be_called_off(nodes, sink):
     a, b = nodes
-    assert asyncio.run(b.set_duty("prefill")) == Duty.PREFILL.value    # held nothing: settled at once
+    assert asyncio.run(b.set_duty("prefill", 1234.5)) == Duty.PREFILL.value    # held nothing: settled at once
+    report = asyncio.run(b.load_report())   # echoes the order's stamp, so the Conductor believes it
+    assert (report.duty, report.duty_order) == (Duty.PREFILL.value, 1234.5)
     req = request(prompt(20, 600), GREEDY, b.prefill_half.sender.bootstrap_address, sink.address)
 
     async def main():
