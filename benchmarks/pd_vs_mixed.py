@@ -178,6 +178,7 @@ def run_system(name: str, spec: ClusterSpec, wl: Workload, args) -> dict:
     if status is not None:   # how often the Conductor let the decode node prefill (warm-up included)
         result["local_decisions"], result["decisions"] = status["local_decisions"], status["decisions"]
         result["duty_orders"] = status.get("duty_orders", [])   # flex nodes moved, when and why
+        result["routed"] = {name: n["routed"] for name, n in status["nodes"].items()}   # warm-up included
     return result
 
 

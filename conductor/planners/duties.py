@@ -111,15 +111,11 @@ class DutyPlanner:
             return None
         order = None
         if now - self._busy_since >= c.hold_s and s.decode_nodes > c.min_decode_nodes:
-            movable = [f for f in s.flex if f.duty is Duty.DECODE]
-            if movable:
-                f = min(movable, key=lambda f: (f.sequences, f.name))
+            if (f := _lightest(s, Duty.DECODE)) is not None:
                 order = DutyOrder(f.name, Duty.PREFILL, f"prompt wait {s.prompt_wait_s:.2f}s > "
                                   f"{c.busy_wait_s:g}s for {now - self._busy_since:.1f}s", now, s)
         elif now - self._idle_since >= c.hold_s and s.prefill_nodes > c.min_prefill_nodes:
-            movable = [f for f in s.flex if f.duty is Duty.PREFILL]
-            if movable:
-                f = min(movable, key=lambda f: (f.queued_s, f.name))
+            if (f := _lightest(s, Duty.PREFILL)) is not None:
                 order = DutyOrder(f.name, Duty.DECODE, f"prompt wait {s.prompt_wait_s:.2f}s < {c.idle_wait_s:g}s "
                                   f"with {s.decode_sequences:g} sequences decoding ({self._decode_pressure(s)}), "
                                   f"for {now - self._idle_since:.1f}s", now, s)
@@ -141,19 +137,12 @@ class DutyPlanner:
         """A duty below its minimum, counting nodes already draining toward it: the settled flex node
         of the other duty that holds the least, if the other duty can spare it."""
         c = self.config
-        toward = {d: sum(1 for f in s.flex if f.duty is d) for d in (Duty.TO_DECODE, Duty.TO_PREFILL)}
-        if s.decode_nodes + toward[Duty.TO_DECODE] < c.min_decode_nodes and s.prefill_nodes > c.min_prefill_nodes:
-            movable = [f for f in s.flex if f.duty is Duty.PREFILL]
-            if movable:
-                f = min(movable, key=lambda f: (f.queued_s, f.name))
-                return DutyOrder(f.name, Duty.DECODE, f"{s.decode_nodes} nodes decode, fewer than "
-                                 f"{c.min_decode_nodes}", now, s)
-        if s.prefill_nodes + toward[Duty.TO_PREFILL] < c.min_prefill_nodes and s.decode_nodes > c.min_decode_nodes:
-            movable = [f for f in s.flex if f.duty is Duty.DECODE]
-            if movable:
-                f = min(movable, key=lambda f: (f.sequences, f.name))
-                return DutyOrder(f.name, Duty.PREFILL, f"{s.prefill_nodes} nodes prefill, fewer than "
-                                 f"{c.min_prefill_nodes}", now, s)
+        duties = ((Duty.DECODE, s.decode_nodes, c.min_decode_nodes, Duty.PREFILL, s.prefill_nodes, c.min_prefill_nodes),
+                  (Duty.PREFILL, s.prefill_nodes, c.min_prefill_nodes, Duty.DECODE, s.decode_nodes, c.min_decode_nodes))
+        for short, have, least, other, spare, other_least in duties:
+            heading = sum(1 for f in s.flex if f.duty is other.toward(short))   # draining toward it already
+            if have + heading < least and spare > other_least and (f := _lightest(s, other)) is not None:
+                return DutyOrder(f.name, short, f"{have} nodes in the {short} duty, fewer than {least}", now, s)
         return None
 
     def _record(self, order: DutyOrder) -> DutyOrder:
@@ -161,3 +150,12 @@ class DutyPlanner:
         self.orders.append(order)
         del self.orders[:-64]
         return order
+
+
+def _lightest(s: DutySignals, duty: Duty) -> FlexState | None:
+    """The settled flex node in `duty` that would be quickest to drain: the fewest sequences of a
+    decode node, the least queued prompt work of a prefill node."""
+    movable = [f for f in s.flex if f.duty is duty]
+    if not movable:
+        return None
+    return min(movable, key=lambda f: (f.sequences if duty is Duty.DECODE else f.queued_s, f.name))
