@@ -44,7 +44,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--decode-nodes", type=int, default=16)
     ap.add_argument("--policies", default=ALL_POLICIES,
                     help="comma list; a suffix +migration turns on hot-prefix migration, +local the split-or-local "
-                         "choice (decode nodes prefill what the Conductor sends them locally), e.g. cost+local")
+                         "choice (decode nodes prefill what the Conductor sends them locally), +flex flex nodes whose "
+                         "duty the Conductor's planner moves (started as --prefill-nodes / --decode-nodes), "
+                         "e.g. cost+local+flex")
     ap.add_argument("--local-prefill-budget", type=int, default=32,
                     help="+local: prompt tokens a decode node computes per step (real tokens)")
     ap.add_argument("--profile", choices=sorted(PROFILES), default="gpu")

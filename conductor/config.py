@@ -86,28 +86,32 @@ class DutyPlannerConfig:
     """Flex nodes' duty planner (planners/duties.py says what each field does to it)."""
     enabled: bool = True          # acts only on flex nodes: a deployment without them never sees it
     busy_wait_s: float = 2.0      # prompt wait above which one more node takes up prefill
-    idle_wait_s: float = 0.25     # prompt wait below which a prefill node's duty is released
     hold_s: float = 4.0           # how long a pressure must last before a node moves
     cooldown_s: float = 8.0       # after an order, before the next one
     min_prefill_nodes: int = 1    # 0 lets every node decode (only with local prefill: ConductorCore checks)
     min_decode_nodes: int = 1
     max_backoff: float = 8.0      # cooldown_s x this at most, after orders that flap back and forth
-    decode_min_free_share: float = 0.1   # a decode node with less of its KV pool free calls for help
+    # A node leaves a side only if that side's pressure then stays under this: decode work outlives
+    # the moment (a sequence holds its KV for its whole answer), so the side left keeps headroom.
+    leave_below: float = 0.5
+    decode_min_free_share: float = 0.1   # decode nodes with less of their KV pools free (on average) call for help
     # Decode steps slower than this call for another decode node too (a fraction of the TPOT
-    # target; None: only KV memory does). Device-dependent, so no default.
+    # target; None: only KV memory does; 0: any decode work does). Device-dependent, so no default.
     decode_busy_step_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0 <= self.idle_wait_s < self.busy_wait_s:
-            raise ValueError(f"need 0 <= idle_wait_s < busy_wait_s, got {self.idle_wait_s}, {self.busy_wait_s}")
+        if self.busy_wait_s <= 0:
+            raise ValueError(f"need busy_wait_s > 0, got {self.busy_wait_s}")
         if self.hold_s < 0 or self.cooldown_s < 0:
             raise ValueError("hold_s and cooldown_s must be >= 0")
         if self.min_prefill_nodes < 0 or self.min_decode_nodes < 1:
             raise ValueError("need min_prefill_nodes >= 0 and min_decode_nodes >= 1")
+        if not 0 < self.leave_below <= 1:
+            raise ValueError(f"need 0 < leave_below <= 1, got {self.leave_below}")
         if self.max_backoff < 1:
             raise ValueError(f"need max_backoff >= 1, got {self.max_backoff}")
-        if not 0 <= self.decode_min_free_share <= 1:
-            raise ValueError(f"need 0 <= decode_min_free_share <= 1, got {self.decode_min_free_share}")
+        if not 0 <= self.decode_min_free_share < 1:
+            raise ValueError(f"need 0 <= decode_min_free_share < 1, got {self.decode_min_free_share}")
         if self.decode_busy_step_s is not None and self.decode_busy_step_s < 0:
             raise ValueError(f"need decode_busy_step_s >= 0, got {self.decode_busy_step_s}")
 

@@ -419,13 +419,15 @@ class ConductorCore:
         prompt_side = p if len(p) else d
         flex = tuple(FlexState(info.name, info.duty, float(queued_s[info.slot]), float(sequences[info.slot]))
                      for info in self.registry.alive() if info.duty is not None)
-        steps = t.step_time[d][t.step_time[d] > 0]
+        steps = t.step_time[d][(t.step_time[d] > 0) & (t.running[d] > 0)]   # decoding now: a step is a TPOT
         known = d[t.total_blocks[d] > 0]           # reported at least once
+        used = 1.0 - t.free_blocks[known] / t.total_blocks[known]
         return DutySignals(prompt_wait_s=float(queued_s[prompt_side].mean()) if len(prompt_side) else 0.0,
                            decode_sequences=float(sequences[d].sum()), prefill_nodes=len(p), decode_nodes=len(d),
-                           decode_free_share=float((t.free_blocks[known] / t.total_blocks[known]).min())
-                           if len(known) else 1.0,
-                           decode_step_s=float(steps.mean()) if len(steps) else 0.0, flex=flex)
+                           decode_kv_used=float(used.mean()) if len(known) else 0.0,
+                           decode_kv_used_max=float(used.max()) if len(known) else 0.0,
+                           decode_step_s=float(steps.mean()) if len(steps) else 0.0,
+                           decode_step_base_s=float(self.decode_model.base_s), flex=flex)
 
     def recent_decisions(self, n: int = 20) -> list[RouteDecision]:
         return self.log.recent(n)

@@ -1,31 +1,47 @@
 """DutyPlanner: moves flex nodes between the prefill and the decode duty as the mix of work shifts.
 
-Two pressures, read from the load table every Conductor tick (ConductorCore.duty_signals):
-  - prompt wait: seconds of prompt work queued per node that prefills, the mean over prefill-duty
-    nodes of (queued + routed-since-report prompt tokens) / measured speed; with no prefill-duty
-    node, over the decode-duty nodes' own queues (the prompts they prefill on the local path);
-  - decode pressure: a decode-duty node's free KV blocks fall under decode_min_free_share of its
-    pool (sequences will soon wait or be retracted), or their mean step time (the TPOT their
-    sequences see) exceeds decode_busy_step_s, when that is set (from the deployment's TPOT target).
+Two pressures, each 1.0 at its threshold, read from the load table every Conductor tick
+(ConductorCore.duty_signals):
+  - prompt: the prompt wait over busy_wait_s. The prompt wait is the seconds of prompt work queued
+    per node that prefills: the mean over prefill-duty nodes of (queued + routed-since-report
+    prompt tokens) / measured speed; with no prefill-duty node, over the decode-duty nodes' own
+    queues (the prompts they prefill on the local path);
+  - decode: the larger of the decode-duty nodes' mean KV share in use over (1 - decode_min_free_share)
+    (sequences soon wait or are retracted) and, when decode_busy_step_s is set (from the
+    deployment's TPOT target), their step time over it.
 
-    prompt wait > busy_wait_s for hold_s, and a decode-duty flex node can go
+Each is also projected for one node fewer on its side: the same work over p - 1 nodes
+(x p / (p - 1); from one prefill node to none, the wait stays as it is: the decode nodes' local path
+takes the prompts, optimistically); the same sequences over n - 1 decode nodes (their mean KV share
+x n / (n - 1), never below the fullest node's, and the part of a step above the DecodeStepModel's
+base x n / (n - 1): it grows with each node's batch and context).
+
+    prompt pressure > 1 for hold_s, and the decode pressure with one decode node fewer stays under
+    leave_below, and a decode-duty flex node can go
         -> the flex decode node holding the fewest sequences takes the prefill duty (drains first)
-    prompt wait < idle_wait_s under decode pressure for hold_s, and a prefill-duty flex node can go
+    decode pressure > 1 for hold_s, and the prompt pressure with one prefill node fewer stays under
+    leave_below, and a prefill-duty flex node can go
         -> the flex prefill node with the least queued work takes the decode duty
 
-An idle prefill node is released only when decode needs it: a decode node that keeps its TPOT
-target gains nothing from a second decode node, while the released node's prompts then interleave
-with decode steps (measured: docs/benchmarks.md, nodes that change duty).
+So a node moves only toward a side in trouble, and only if the side it leaves keeps headroom
+(leave_below, 0.5 by default: decode work outlives the moment, a sequence holds its KV for its
+whole answer). Without the projection the planner took decode nodes for a prompt queue while decode
+KV had room, then could not give them back once both sides queued (the simulator on the
+conversation trace). The price of the headroom: with few decode nodes a prompt queue may get none
+(two decode nodes at 23% KV use each already keep both), and when both sides are in trouble
+nothing moves, since the fleet is short of nodes rather than of one duty. An idle prefill node is
+not released while decode keeps its pace: a second decode node then gains nothing, while every
+prompt interleaves with decode steps (measured: docs/benchmarks.md, nodes that change duty).
 
-Hysteresis four ways: two thresholds apart, a pressure must hold for hold_s, after an order (the
-planner's or an operator's) the planner waits cooldown_s and for every drain to end before the next,
-and an order that reverses the same node's last one doubles the cooldown (up to max_backoff times),
-so a mix that sits between the two duties settles instead of flapping; the backoff ends once no
-order was needed for four cooldowns. At least `min_decode_nodes` keep the decode duty; the prefill
-duty may drop to zero only when decode nodes prefill for themselves (split_or_local.py), since
-otherwise no request could be prefilled. A duty below its minimum (its last node died, or Ray
-restarted a flex node in the other duty) is repaired at once, whatever the holds and the cooldown.
-Only flex nodes move; prefill, decode and mixed nodes keep the role they were started with.
+Hysteresis: a pressure must hold for hold_s; after an order (the planner's or an operator's) the
+planner waits cooldown_s and for every drain to end before the next; an order that reverses the
+same node's last one doubles the cooldown (up to max_backoff times), so a mix that sits between the
+two duties settles instead of flapping; the backoff ends once no order was needed for four
+cooldowns. At least `min_decode_nodes` keep the decode duty; the prefill duty may drop to zero only
+when decode nodes prefill for themselves (split_or_local.py), since otherwise no request could be
+prefilled. A duty below its minimum (its last node died, or Ray restarted a flex node in the other
+duty) is repaired at once, whatever the holds and the cooldown. Only flex nodes move; prefill,
+decode and mixed nodes keep the role they were started with.
 """
 from __future__ import annotations
 
@@ -51,8 +67,10 @@ class DutySignals:
     decode_sequences: float     # over the decode-duty nodes
     prefill_nodes: int          # live nodes in the prefill duty (any role)
     decode_nodes: int           # live nodes in the decode duty (any role)
-    decode_free_share: float = 1.0   # the least free share of KV blocks over the decode-duty nodes
-    decode_step_s: float = 0.0  # their mean step time
+    decode_kv_used: float = 0.0      # the decode-duty nodes' mean share of KV blocks in use
+    decode_kv_used_max: float = 0.0  # the fullest one's
+    decode_step_s: float = 0.0       # their mean step time
+    decode_step_base_s: float = 0.0  # the DecodeStepModel's step with nothing to decode (the rest grows with load)
     flex: tuple[FlexState, ...] = ()
 
 
@@ -73,8 +91,7 @@ class DutyOrder:
 class DutyPlanner:
     def __init__(self, config: DutyPlannerConfig):
         self.config = config
-        self._busy_since = math.inf     # when the prompt wait last rose above busy_wait_s
-        self._idle_since = math.inf     # when it last fell below idle_wait_s (with decode work)
+        self._since = {Duty.PREFILL: math.inf, Duty.DECODE: math.inf}   # since when each side wants a node
         self._last_order_at = -math.inf
         self._last_duty: dict[str, Duty] = {}   # each node's last ordered duty (a reversal backs off)
         self.backoff = 1.0                      # the cooldown's multiplier now
@@ -92,15 +109,45 @@ class DutyPlanner:
                 self.backoff = min(2 * self.backoff, c.max_backoff)
             self._last_duty[node] = duty
         self._last_order_at = now
-        self._busy_since = self._idle_since = math.inf
+        self._since = {d: math.inf for d in self._since}
+
+    # -- the two pressures (1.0 at the threshold), now or with one node fewer on their side --------------
+    def prompt_pressure(self, s: DutySignals, nodes: int | None = None) -> float:
+        p = s.prefill_nodes
+        n = p if nodes is None else nodes
+        wait = s.prompt_wait_s * p / n if n >= 1 and p >= 1 else s.prompt_wait_s   # none: the local path
+        return wait / self.config.busy_wait_s
+
+    def decode_pressure(self, s: DutySignals, nodes: int | None = None) -> tuple[float, str]:
+        """The pressure and what it comes from."""
+        c = self.config
+        n = s.decode_nodes
+        m = n if nodes is None else nodes
+        if n == 0 or s.decode_sequences == 0:
+            return 0.0, "nothing decoding"
+        if m == 0:
+            return math.inf, "no decode node"
+        # now: the fullest node (one full node queues its sequences whatever the mean); projected:
+        # the mean spread over the nodes left, never below the fullest
+        kv = max(s.decode_kv_used * n / m, s.decode_kv_used_max) if m != n else max(s.decode_kv_used,
+                                                                                   s.decode_kv_used_max)
+        out = kv / (1.0 - c.decode_min_free_share), f"{kv:.0%} of a decode node's KV in use"
+        if c.decode_busy_step_s is not None:
+            # what a step costs above its base grows with each node's share of the sequences and their context
+            base = min(s.decode_step_base_s, s.decode_step_s)
+            step = base + (s.decode_step_s - base) * n / m
+            p = step / c.decode_busy_step_s if c.decode_busy_step_s > 0 else math.inf
+            if p > out[0]:
+                out = p, f"decode steps {step * 1000:.0f} ms against {c.decode_busy_step_s * 1000:.0f} ms"
+        return out
 
     def plan(self, now: float, s: DutySignals) -> DutyOrder | None:
         """The order this state calls for, if any (the caller carries it out and calls ordered())."""
         c = self.config
-        busy = s.prompt_wait_s > c.busy_wait_s
-        idle = s.prompt_wait_s < c.idle_wait_s and s.decode_sequences > 0 and self._decode_pressed(s)
-        self._busy_since = min(self._busy_since, now) if busy else math.inf
-        self._idle_since = min(self._idle_since, now) if idle else math.inf
+        # while a node drains it counts on neither side, so both pressures read high: no hold runs
+        wants = self._wants(s) if all(f.duty.settled for f in s.flex) else {}
+        for duty in self._since:
+            self._since[duty] = min(self._since[duty], now) if duty in wants else math.inf
         if not c.enabled or self.paused:
             return None
         if (order := self._repair(now, s)) is not None:
@@ -109,29 +156,31 @@ class DutyPlanner:
             return None
         if any(not f.duty.settled for f in s.flex):   # one change at a time
             return None
-        order = None
-        if now - self._busy_since >= c.hold_s and s.decode_nodes > c.min_decode_nodes:
-            if (f := _lightest(s, Duty.DECODE)) is not None:
-                order = DutyOrder(f.name, Duty.PREFILL, f"prompt wait {s.prompt_wait_s:.2f}s > "
-                                  f"{c.busy_wait_s:g}s for {now - self._busy_since:.1f}s", now, s)
-        elif now - self._idle_since >= c.hold_s and s.prefill_nodes > c.min_prefill_nodes:
-            if (f := _lightest(s, Duty.PREFILL)) is not None:
-                order = DutyOrder(f.name, Duty.DECODE, f"prompt wait {s.prompt_wait_s:.2f}s < {c.idle_wait_s:g}s "
-                                  f"with {s.decode_sequences:g} sequences decoding ({self._decode_pressure(s)}), "
-                                  f"for {now - self._idle_since:.1f}s", now, s)
-        return self._record(order) if order is not None else None
+        for duty, why in sorted(wants.items(), key=lambda kv: -kv[1][0]):   # the side in more trouble first
+            if now - self._since[duty] >= c.hold_s:
+                f = _lightest(s, Duty.DECODE if duty is Duty.PREFILL else Duty.PREFILL)
+                if f is not None:
+                    return self._record(DutyOrder(f.name, duty, f"{why[1]}, for {now - self._since[duty]:.1f}s",
+                                                  now, s))
+        return None
 
-    def _decode_pressed(self, s: DutySignals) -> bool:
-        return bool(self._decode_pressure(s))
-
-    def _decode_pressure(self, s: DutySignals) -> str:
-        """Why decode needs another node ("" when it does not)."""
-        limit = self.config.decode_busy_step_s
-        if s.decode_free_share < self.config.decode_min_free_share:
-            return f"{s.decode_free_share:.0%} of a decode node's KV blocks free"
-        if limit is not None and s.decode_step_s > limit:
-            return f"decode steps {s.decode_step_s * 1000:.0f} ms > {limit * 1000:.0f} ms"
-        return ""
+    def _wants(self, s: DutySignals) -> dict[Duty, tuple[float, str]]:
+        """The sides that want one more node now: their pressure and the reason."""
+        c = self.config
+        out = {}
+        prompt, (decode, source) = self.prompt_pressure(s), self.decode_pressure(s)
+        if prompt > 1 and s.decode_nodes > c.min_decode_nodes:
+            left, _ = self.decode_pressure(s, s.decode_nodes - 1)
+            if left < c.leave_below:
+                out[Duty.PREFILL] = prompt, (f"prompt wait {s.prompt_wait_s:.2f}s > {c.busy_wait_s:g}s; decode "
+                                             f"pressure {decode:.2f} -> {left:.2f} with one node fewer")
+        if decode > 1 and s.prefill_nodes > c.min_prefill_nodes:
+            left = self.prompt_pressure(s, s.prefill_nodes - 1)
+            if left < c.leave_below:
+                out[Duty.DECODE] = decode, (f"{source} (pressure {decode:.2f}) with {s.decode_sequences:g} "
+                                            f"sequences decoding; prompt wait {s.prompt_wait_s:.2f}s -> "
+                                            f"{left * c.busy_wait_s:.2f}s with one prefill node fewer")
+        return out
 
     def _repair(self, now: float, s: DutySignals) -> DutyOrder | None:
         """A duty below its minimum, counting nodes already draining toward it: the settled flex node

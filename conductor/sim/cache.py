@@ -62,6 +62,13 @@ class BlockLRU:
         self._evict()
         return len(new)
 
+    def clear(self) -> None:
+        """Drop every block (published as removed): the memory went to other work."""
+        if self._blocks and self._emit is not None:
+            self.seq += 1
+            self._emit(BlockRemoved(self.seq, tuple(self._blocks)))
+        self._blocks.clear()
+
     def _evict(self) -> None:
         over = len(self._blocks) - self.capacity
         if over <= 0:

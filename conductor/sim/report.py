@@ -70,6 +70,8 @@ def summarize(res: RunResult, ttft_slo_s: float, tpot_slo_s: float, span_s: floa
         "local_share": sum(o.decode == o.prefill for o in outs) / len(outs) if outs else 0.0,
         "decision_latency_us": {k: v * 1e6 for k, v in pct(res.decision_latency_s).items()},
         "sim_wall_s": res.wall_s,
+        **({"duty_orders": res.extra["duty_orders"], "final_duties": res.extra["final_duties"]}
+           if "duty_orders" in res.extra else {}),   # +flex: the planner's orders (the last 64) and where it left the nodes
     }
 
 

@@ -5,21 +5,32 @@ cluster: a node's KV events and load reports reach the Conductor in batches at m
 report_interval_s after a change (so the Conductor sees stale load, as it would); fetches
 (Branch B) and migrations copy blocks node to node through the source's NIC, and the target's
 cache publishes them; the Conductor learns of copies only from those events. A policy name may
-carry suffixes: `+migration` (hot-prefix migration on) and `+local` (split or local per request,
-conductor/split_or_local.py: a decision on the local path prefills on its decode node).
+carry suffixes: `+migration` (hot-prefix migration on), `+local` (split or local per request,
+conductor/split_or_local.py: a decision on the local path prefills on its decode node) and `+flex`
+(every node is a flex node, started in the given prefill/decode proportion, whose duty the
+Conductor's DutyPlanner moves; its decode pressure threshold is 0.8 x the profile's TPOT SLO).
+
+A simulated flex node is a SimPrefillNode and a SimDecodeNode under one name and host. The
+Conductor routes it as its duty, so settled, only one half gets work; while it drains, both halves
+may hold work and each runs at full speed (an optimistic drain: the real node shares one engine).
+A drain ends when the old half holds nothing, checked at the node's reports and every tick. Its
+memory serves one duty at a time: settling into decode empties the prefill half's prefix cache
+(published as removed blocks), so a flex fleet holds no more cache than a fixed one. `busy_share`
+then counts every node as a possible prefill node.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from raypd.conductor.config import LocalPrefillConfig
+from raypd.conductor.config import DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.core import ConductorCore
 from raypd.conductor.errors import AdmissionRejected
 from raypd.conductor.planners.migration import MigrationPlan
@@ -27,6 +38,7 @@ from raypd.conductor.sim.nodes import Job, Outcome, SimDecodeNode, SimPrefillNod
 from raypd.conductor.sim.profiles import HardwareProfile, build_topology, conductor_config
 from raypd.conductor.sim.workload import SimRequest
 from raypd.conductor.topology import Topology, transfer_seconds
+from raypd.protocol.duty import Duty
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
 
@@ -73,6 +85,12 @@ class Simulation:
         overrides = dict(config_overrides or {})
         if "local" in flags:
             overrides["local_prefill"] = LocalPrefillConfig(enabled=True, step_budget_tokens=budget)
+        flex = "flex" in flags
+        if flex and "duties" not in overrides:
+            overrides["duties"] = DutyPlannerConfig(min_prefill_nodes=0 if "local" in flags else 1,
+                                                    decode_busy_step_s=0.8 * profile.tpot_slo_s)
+        self.duty: dict[str, Duty] = {}          # flex nodes' duty, as the node itself holds it
+        self.duty_order: dict[str, float] = {}   # and the stamp of the order it last took
         cfg = conductor_config(profile, base, migration=migration or "migration" in flags,
                                block_size=block_size, migration_overrides=migration_overrides, **overrides)
         self.core = ConductorCore(cfg, self.topology, clock=lambda: self.now)
@@ -81,6 +99,14 @@ class Simulation:
         for i, k in enumerate(order):
             host = hosts[i]
             node: SimPrefillNode | SimDecodeNode
+            if flex:
+                name = f"f{i}"
+                self.prefill[name] = node = SimPrefillNode(name, host, profile, block_size)
+                self.decode[name] = SimDecodeNode(name, host, profile, block_size, unit, budget)
+                self.nodes[name] = node
+                self.duty[name], self.duty_order[name] = Duty.parse(roles[k].value), 0.0
+                self.core.register_node(name, Role.FLEX, HostInfo(host, "", host, 0), duty=self.duty[name])
+                continue
             if roles[k] is Role.PREFILL:
                 node = SimPrefillNode(f"p{len(self.prefill)}", host, profile, block_size)
                 self.prefill[node.name] = node
@@ -138,12 +164,14 @@ class Simulation:
         busy = sum(p.busy_s for p in self.prefill.values())
         span = max(self.now, 1e-9)
         pl = self.core.planner
+        extra = {"duty_orders": [o.to_dict() for o in self.core.duties.orders],
+                 "final_duties": dict(Counter(d.value for d in self.duty.values()))} if self.duty else {}
         return RunResult(
             policy=self.policy_name, outcomes=self.outcomes, imbalance=self.imbalance,
             decision_latency_s=self.latencies, branches=self.branches, rejected=self.rejected,
             migrations={"started": pl.started, "finished": pl.finished, "failed": pl.failed},
             fetches=self.fetches, copy_bytes=self.copy_bytes,
-            wall_s=time.perf_counter() - wall, busy_share=busy / (len(self.prefill) * span))
+            wall_s=time.perf_counter() - wall, busy_share=busy / (len(self.prefill) * span), extra=extra)
 
     # -- handlers -----------------------------------------------------------------------------
     def _arrive(self, req: SimRequest) -> None:
@@ -233,7 +261,9 @@ class Simulation:
     def _report(self, name: str) -> None:
         self._report_due.discard(name)
         node = self.nodes[name]
-        if isinstance(node, SimPrefillNode):
+        if name in self.duty:
+            r = self._flex_report(name)
+        elif isinstance(node, SimPrefillNode):
             if node.events:
                 self.core.report_kv_events(KVEventBatch(name, tuple(node.events)))
                 node.events.clear()
@@ -243,7 +273,8 @@ class Simulation:
                            total_blocks=cache_blocks, cached_blocks=len(node.cache),
                            step_time_s=node.step_ewma, prefill_tokens_per_s=node.speed_ewma, timestamp=self.now)
         else:
-            node.advance(self.now)
+            for done in node.advance(self.now):   # what ends before its next tick counts now
+                self._finished(done)
             bs = self.block_size
             r = LoadReport(name, Role.DECODE, queued_prefill_tokens=node.queued_prefill_tokens,
                            waiting=len(node.waiting) + node.inflight + len(node.local),
@@ -251,6 +282,50 @@ class Simulation:
                            total_blocks=int(self.profile.decode_kv_tokens // bs), cached_blocks=0,
                            inflight=node.inflight, step_time_s=node.step_s, timestamp=self.now)
         self.core.report_load(r)
+
+    # -- flex nodes ---------------------------------------------------------------------------
+    def _flex_report(self, name: str) -> LoadReport:
+        """One report for both halves, as FlexNode sends it (its duty and the order it took)."""
+        p, d = self.prefill[name], self.decode[name]
+        for done in d.advance(self.now):
+            self._finished(done)
+        self._settle(name)
+        if p.events:
+            self.core.report_kv_events(KVEventBatch(name, tuple(p.events)))
+            p.events.clear()
+        bs = self.block_size
+        return LoadReport(name, Role.FLEX, queued_prefill_tokens=p.queued_tokens + d.queued_prefill_tokens,
+                          waiting=len(p.queue) + len(d.waiting) + d.inflight + len(d.local),
+                          running=len(d.running) + (1 if p.current else 0), free_blocks=int(d.free_tokens // bs),
+                          total_blocks=int(self.profile.decode_kv_tokens // bs), cached_blocks=len(p.cache),
+                          inflight=d.inflight, step_time_s=d.step_s,   # decode steps only: a prefill's
+                          # duration is no step time, and the planner reads this as TPOT
+                          prefill_tokens_per_s=p.speed_ewma, timestamp=self.now,
+                          duty=self.duty[name].value, duty_order=self.duty_order[name])
+
+    def _settle(self, name: str) -> None:
+        """End a drain once the old half holds nothing (FlexNode._settle)."""
+        old = self.duty[name].draining
+        if old is None:
+            return
+        p, d = self.prefill[name], self.decode[name]
+        empty = (not p.queue and p.current is None) if old is Duty.PREFILL else \
+            (not d.running and not d.waiting and not d.local and d.inflight == 0)
+        if empty:
+            self.duty[name] = self.duty[name].target
+            if self.duty[name] is Duty.DECODE:   # its memory now holds sequences, not prefixes
+                p.cache.clear()
+            self._dirty(name)
+
+    def _order_duties(self) -> None:
+        """The planner's order, carried to the node at once (FlexNode.set_duty); drains checked."""
+        order = self.core.plan_duties()
+        if order is not None:
+            self.duty[order.node] = self.duty[order.node].toward(order.duty)
+            self.duty_order[order.node] = self.core.registry.get(order.node).duty_ordered_at
+            self._dirty(order.node)
+        for name in self.duty:
+            self._settle(name)
 
     # -- copies -------------------------------------------------------------------------------
     def _copy(self, source: str, target: str, req_tokens, num_tokens: int, job: Job | None) -> None:
@@ -290,8 +365,9 @@ class Simulation:
 
     # -- periodic -----------------------------------------------------------------------------
     def _sample(self, _) -> None:
-        q = np.fromiter((p.queued_tokens for p in self.prefill.values()), dtype=float, count=len(self.prefill))
-        m = q.mean()
+        prefilling = [p for name, p in self.prefill.items() if self.duty.get(name, Duty.PREFILL) is Duty.PREFILL]
+        q = np.fromiter((p.queued_tokens for p in prefilling), dtype=float, count=len(prefilling))
+        m = q.mean() if len(q) else 0.0
         if m > 0:
             self.imbalance.append(float(q.max() / m))
         if self._pending_arrivals > 0:
@@ -300,6 +376,8 @@ class Simulation:
     def _tick(self, _) -> None:
         res = self.core.tick()
         del res
+        if self.duty:
+            self._order_duties()
         for plan in self.core.take_migrations():
             self._migrate(plan)
         if self._unfinished > 0:

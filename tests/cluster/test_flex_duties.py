@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 WAIT_S = 120.0
 # decode_busy_step_s=0: any decode step counts as pressure, so the idle prefill node is released
-PLANNER = {"busy_wait_s": 30.0, "idle_wait_s": 1.0, "hold_s": 1.0, "cooldown_s": 2.0, "min_prefill_nodes": 0,
+PLANNER = {"busy_wait_s": 30.0, "hold_s": 1.0, "cooldown_s": 2.0, "min_prefill_nodes": 0,
            "decode_busy_step_s": 0.0}
 
 

@@ -20,7 +20,7 @@ BS = 16
 PROMPT = list(range(1000, 1064))
 LOCAL = LocalPrefillConfig(enabled=True)
 SPLIT_ONLY = LocalPrefillConfig()
-PLANNER = DutyPlannerConfig(busy_wait_s=2.0, idle_wait_s=0.25, hold_s=4.0, cooldown_s=8.0)
+PLANNER = DutyPlannerConfig(busy_wait_s=2.0, hold_s=4.0, cooldown_s=8.0)
 
 
 def make(duties: DutyPlannerConfig = PLANNER, local: LocalPrefillConfig = SPLIT_ONLY) -> ConductorCore:
@@ -163,21 +163,22 @@ def test_the_planner_never_takes_the_last_decode_node():
 
 
 def test_the_planner_releases_an_idle_prefill_node_only_when_decode_needs_it():
-    """Decoders that keep their pace and have KV to spare keep the prefill node where it is; once a
-    decode node runs short of KV blocks (or, with a step-time target, its steps grow slow), the idle
-    prefill node takes up decode."""
+    """Decoders that keep their pace and have KV to spare keep the prefill node where it is; once the
+    decode nodes run short of KV blocks (or, with a step-time target, their steps grow slow), the
+    idle prefill node takes up decode."""
     core = make(replace(PLANNER, min_prefill_nodes=0), local=LOCAL)
     report(core, "f1", "decode", running=4, step_time_s=0.2)
     for _ in range(6):
         core.plan_duties()
         core.clock.t += 2.0
     assert core.plan_duties() is None
-    report(core, "f1", "decode", running=40, free_blocks=50)     # 5% of its pool free
+    report(core, "f1", "decode", running=40, free_blocks=50)     # 95% of both pools in use
+    report(core, "f2", "decode", running=40, free_blocks=50)
     core.plan_duties()
     core.clock.t += 4.0
     order = core.plan_duties()
     assert order is not None and (order.node, order.duty) == ("f0", Duty.DECODE)
-    assert "5% of a decode node's KV blocks free" in order.reason
+    assert "95% of a decode node's KV in use (pressure 1.06)" in order.reason and "prompt wait 0.00s" in order.reason
     report(core, "f0", "decode")
     assert roles(core) == ([], ["f0", "f1", "f2"])
     d = core.route("r", PROMPT)                          # every node decodes: prompts go local
@@ -209,11 +210,13 @@ def test_planner_hysteresis_on_signals_alone():
     assert planner.plan(9.0, busy) is None               # cooldown (8 s); the hold restarts from here
     assert planner.plan(12.9, busy) is None              # past the cooldown, not yet held 4 s again
     assert planner.plan(13.0, busy) is not None
-    between = replace(busy, prompt_wait_s=1.0)           # between the thresholds: no pressure either way
+    between = replace(busy, prompt_wait_s=1.0)           # under its threshold, nothing decoding hard: no pressure
     planner = DutyPlanner(PLANNER)
     assert planner.plan(0.0, between) is None and planner.plan(100.0, between) is None
     with pytest.raises(ValueError):
-        DutyPlannerConfig(idle_wait_s=3.0, busy_wait_s=2.0)
+        DutyPlannerConfig(busy_wait_s=0.0)
+    with pytest.raises(ValueError):
+        DutyPlannerConfig(leave_below=0.0)
     off = DutyPlanner(replace(PLANNER, enabled=False))
     assert off.plan(0.0, busy) is None and off.plan(10.0, busy) is None
     paused = DutyPlanner(PLANNER)
@@ -260,6 +263,29 @@ def test_a_step_time_target_counts_as_decode_pressure():
     core.plan_duties()
     core.clock.t += 4.0
     order = core.plan_duties()
-    assert order is not None and order.duty is Duty.DECODE and "decode steps 200 ms > 150 ms" in order.reason
+    assert order is not None and order.duty is Duty.DECODE and "decode steps 200 ms against 150 ms" in order.reason
     with pytest.raises(ValueError):
         DutyPlannerConfig(decode_busy_step_s=-1.0)
+
+
+def test_a_node_leaves_a_side_only_if_that_side_stays_out_of_trouble():
+    """Prompts queue, but the decode nodes' KV is 60% used: with one of two decode nodes gone the
+    other would be at 120%, so no decode node is taken. Both sides in trouble: nothing moves."""
+    planner = DutyPlanner(PLANNER)
+    flex = (FlexState("a", Duty.DECODE, 0.0, 2.0), FlexState("b", Duty.DECODE, 0.0, 1.0),
+            FlexState("p", Duty.PREFILL, 5.0, 0.0))
+    queued = DutySignals(prompt_wait_s=5.0, decode_sequences=3.0, prefill_nodes=1, decode_nodes=2,
+                         decode_kv_used=0.6, flex=flex)
+    assert planner.decode_pressure(queued, 1)[0] == pytest.approx(1.2 / 0.9)
+    assert planner.plan(0.0, queued) is None and planner.plan(10.0, queued) is None
+    roomy = replace(queued, decode_kv_used=0.2)                  # 0.4 / 0.9 = 0.44 < 0.5 with one fewer
+    assert planner.plan(20.0, roomy) is None and planner.plan(24.0, roomy).duty is Duty.PREFILL
+    # both sides in trouble, each able to spare a node by count: nothing moves, since either move
+    # would push the side left past leave_below
+    flex2 = flex + (FlexState("q", Duty.PREFILL, 5.0, 0.0),)
+    both = replace(queued, decode_kv_used=0.95, decode_kv_used_max=0.95, prefill_nodes=2, flex=flex2)
+    planner = DutyPlanner(PLANNER)
+    assert planner.prompt_pressure(both) > 1 and planner.decode_pressure(both)[0] > 1
+    assert planner.plan(0.0, both) is None and planner.plan(10.0, both) is None
+    one_full = replace(roomy, decode_kv_used_max=0.95)            # the mean hides one full node
+    assert planner.decode_pressure(one_full)[0] > 1

@@ -125,3 +125,27 @@ def test_routing_sim_entry_point_writes_json(tmp_path):
     saved = json.loads(path.read_text())
     assert set(saved["results"]) == {"round_robin", "cost"} == set(out["summary"])
     assert 0 < saved["workload"]["oracle_hit_rate"] <= saved["workload"]["infinite_cache_hit_rate"] + 1e-9
+
+
+def test_flex_nodes_in_the_simulator_follow_the_mix_both_ways():
+    """+flex: four flex nodes started 2 prefill + 2 decode. A decode-heavy phase (many long answers
+    to short prompts: steps past 0.8 x the TPOT SLO) moves a prefill node to decode; a prompt-heavy
+    phase after it (long prompts, one-token answers) moves nodes back to prefill. Every request is
+    served, and the Conductor's view of each duty ends as the nodes hold it."""
+    from raypd.conductor.sim.workload import SimRequest
+
+    reqs = [SimRequest(f"d{i}", i * 0.1, 64, 200, tuple(range(1000 * i, 1000 * i + 5)), 16) for i in range(200)]
+    reqs += [SimRequest(f"p{i}", 60.0 + i * 0.4, 3000, 2, tuple(range(10**6 + 1000 * i, 10**6 + 1000 * i + 188)), 16)
+             for i in range(100)]
+    sim = Simulation(CPU, "cost+local+flex", prefill_nodes=2, decode_nodes=2)
+    res = sim.run(reqs)
+    assert len(res.outcomes) == len(reqs) and all(o.finished >= o.first_token > o.arrival for o in res.outcomes)
+    orders = res.extra["duty_orders"]
+    to_decode = [o for o in orders if o["duty"] == "decode"]
+    to_prefill = [o for o in orders if o["duty"] == "prefill"]
+    assert sim._unfinished == 0                   # each request finished exactly once
+    assert to_decode and to_prefill and to_decode[0]["at"] < 60.0 < to_prefill[0]["at"]
+    assert all(o["at"] > 60.0 for o in to_prefill)   # no prompt pressure in the decode-heavy phase
+    assert "decode steps" in to_decode[0]["reason"] and to_prefill[0]["reason"].startswith("prompt wait")
+    status = sim.core.status()["nodes"]
+    assert {name: status[name]["duty"] for name in sim.duty} == {name: d.value for name, d in sim.duty.items()}
