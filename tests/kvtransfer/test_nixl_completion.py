@@ -22,7 +22,8 @@ from raypd.kvtransfer import TransferState as S
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
 BLOCKS, SLOTS = 8, 4
-SILENT_S = 4.0  # the peer's silence; the writes below must finish well inside it
+SILENT_S = 8.0  # the peer's silence; the writes below must finish well inside it (4 s was missed once
+# under a full suite on this 2-core VM: a write took over 2 s to complete, peer or no peer)
 WAIT_S = 20.0
 
 
