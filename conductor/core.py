@@ -141,7 +141,9 @@ class ConductorCore:
         info = self.registry.report_load(report)
         self.table.update(info.slot, report)
         if info.duty is not None and report.duty and report.duty_order >= info.duty_ordered_at:
-            self._set_duty(info, Duty.parse(report.duty))
+            reported = Duty.parse(report.duty)
+            if reported is not info.duty:   # a change only: each report would otherwise rebuild the slot sets
+                self._set_duty(info, reported)
         routed = info.routed_as
         if routed is not None and routed.serves_decode and report.running > 0 and report.step_time_s > 0:
             self.decode_model.observe(report.running, report.step_time_s)

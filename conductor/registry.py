@@ -34,7 +34,7 @@ class NodeInfo:
     alive: bool = True
     death_reason: str = ""
     duty: Duty | None = None        # a flex node's duty (None for a fixed role), as last ordered or reported
-    duty_ordered_at: float = 0.0    # reports stamped before the last order do not overrule it
+    duty_ordered_at: float = 0.0    # the last order's stamp: only reports echoing it overrule the order
 
     @property
     def routed_as(self) -> Role | None:
