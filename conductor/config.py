@@ -70,8 +70,8 @@ class LocalPrefillConfig:
     # Prompt tokens a decode node computes per step after its decodes; the nodes' engines must use
     # the same (EngineConfig.max_prefill_tokens_per_step; `raypd serve --adaptive` sets both).
     step_budget_tokens: int = 32
-    # Seconds of stall summed over a decode node's running requests, counted against one second of
-    # this request's TTFT: 1 minimises the total wait; higher protects TPOT more.
+    # Seconds of TPOT a decode node's running requests gain from a local prompt, summed, counted
+    # against one second of this request's TTFT (split_or_local.py): higher protects TPOT more.
     tpot_weight: float = 1.0
 
     def __post_init__(self) -> None:

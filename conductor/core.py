@@ -233,7 +233,7 @@ class ConductorCore:
             split = None
         if split is not None and not lp.enabled:
             return split
-        est = choose_path(view, split.est_ttft_s if split is not None else float("inf"), lp, self.config.tbt_slo_s)
+        est = choose_path(view, split, lp, self.config.tbt_slo_s)
         if est is None:
             if split is None:
                 raise NoCandidateError("no live prefill node, and no decode node has KV room for the prompt")

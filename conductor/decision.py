@@ -94,8 +94,9 @@ class RouteDecision:
             lines.append(f"  fetch {self.fetch.num_tokens - self.fetch.from_tokens} tokens from {self.fetch.source}")
         if (lo := self.local) is not None:
             lines.append(f"  L {lo.node}: cached {lo.cached_tokens} queued {lo.queued_tokens:g} running {lo.running:g}"
-                         f" steps {lo.steps} -> {lo.ttft_s * 1e3:.1f} ms, tbt {lo.tbt_s * 1e3:.1f} ms, stall "
-                         f"{lo.tpot_cost_s * 1e3:.1f} ms vs split {lo.split_ttft_s * 1e3:.1f} ms: "
+                         f" steps {lo.steps} -> {lo.ttft_s * 1e3:.1f} ms, tbt {lo.tbt_s * 1e3:.1f} ms, tpot cost "
+                         f"{lo.tpot_cost_s * 1e3:.1f} ms vs split {lo.split_ttft_s * 1e3:.1f} ms "
+                         f"(handoff {lo.split_handoff_s * 1e3:.1f}): "
                          f"{'local' if lo.chosen else 'split (' + lo.why + ')'}")
         if self.migration is not None:
             lines.append(f"  migration {self.migration.source} -> {self.migration.target}")

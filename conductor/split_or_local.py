@@ -7,23 +7,33 @@ The local path on decode node d, which computes at most B prompt tokens per step
     U_d        = n - cached_d                       its own prefix cache counts: a chat's next turn
                                                     finds the last turn's KV where it was decoded
     Q_d        = prompt tokens already queued there (reported + routed since)
-    ttft_d     = ceil((Q_d + U_d) / B) x step_d  +  prefill(Q_d + U_d | cached_d)
+    ttft_d     = (ceil((Q_d + U_d) / B) + 1/2) x step_d  +  prefill(Q_d + U_d | cached_d)
+                                                    the half step: the request joins at the end of the
+                                                    step under way
                = prefill(Q_d + U_d | cached_d)      when d holds nothing at all: an idle decode
                  node's steps are not capped, it prefills like a prefill node (with any sequence
                  running, waiting for KV or routed to it, the capped estimate holds: it will decode
                  during the prompt's steps)
     tbt_d      = step_d + prefill(min(B, U_d))      one step of its running requests while it prefills
-    cost_d     = b_d x prefill(U_d)                 the stall all b_d decoding requests share
+    cost_d     = b_d x prefill(U_d) / L_d           the TPOT all b_d decoding requests gain, summed:
+                                                    each spreads the stall over its L_d output tokens
 
 with b_d the sequences it decodes now (its last report's running; not those waiting for their KV
 or routed since, most of which are still being prefilled elsewhere while a local prompt runs),
-step_d the decode step time at b_d (estimates.DecodeStepModel; at least one sequence's, which is
-what a step costs beside its chunk: the weights are read either way) and prefill the fitted
-prefill time model at the prefill nodes' measured speed (a decode node's own report counts decode
-tokens, not prompt tokens). The Conductor goes local on the d minimising ttft_d + tpot_weight x
-cost_d when that beats the split path's TTFT estimate, the prompt fits d's free KV, and (with a TBT
-SLO) tbt_d stays inside it. The same request then costs no prefill-node queue and no KV transfer,
-and the decode node's running requests pay for it in TPOT, which is what the weight prices.
+L_d the node's mean output tokens per finished request (LoadReport.mean_output_tokens; 1 before
+it finished any: the stall then counts whole, as an ITL would), step_d the decode step time at b_d
+(estimates.DecodeStepModel; at least one sequence's, which is what a step costs beside its chunk:
+the weights are read either way) and prefill the fitted prefill time model at the prefill nodes'
+measured speed (a decode node's own report counts decode tokens, not prompt tokens).
+
+The split path's estimate (the policy's: queue, prefill, KV send) gains its handoff: the split
+decode node takes the request at the end of its step under way to reserve blocks (the prefill
+node waits for that destination; measured ~0.85 of a step) and streams the first token at the
+end of the step under way when the KV lands (half a step): one step_d of that node while it
+decodes. The Conductor goes local on the d minimising ttft_d + tpot_weight x cost_d when that
+beats the split path, the prompt fits d's free KV, and (with a TBT SLO) tbt_d stays inside it.
+The same request then costs no prefill-node queue and no KV transfer, and the decode node's
+running requests pay for it in TPOT, which is what the weight prices.
 
 Every decision records the inputs (LocalEstimate), so `path` can be explained afterwards. With no
 live prefill node at all, the local path serves every request a decode node has room for (Dynamo's
@@ -50,20 +60,24 @@ class LocalEstimate:
     steps: int                  # steps until the prompt is computed, B tokens at a time
     ttft_s: float
     tbt_s: float                # its step time while it prefills
-    tpot_cost_s: float          # stall summed over its running sequences
-    split_ttft_s: float
+    tpot_cost_s: float          # TPOT its running sequences gain, summed
+    split_ttft_s: float         # the split path's estimate, its handoff included
+    split_handoff_s: float = 0.0  # of which the split decode node's step boundaries
     chosen: bool = False
     why: str = ""               # why not, when the split path stayed
 
 
-def choose_path(view: RoutingView, split_ttft_s: float, cfg: LocalPrefillConfig,
+def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefillConfig,
                 tbt_slo_s: float | None) -> LocalEstimate | None:
-    """The best local candidate against the split path's TTFT estimate (inf: no prefill node), or
-    None when no decode node has KV room for the prompt; `chosen` says whether it wins."""
+    """The best local candidate against the split decision's TTFT estimate plus its handoff (None:
+    no prefill node, the split path costs inf), or None when no decode node has KV room for the
+    prompt; `chosen` says whether it wins."""
     slots = view.decode_slots
     table = view.table
     if not len(slots):
         return None
+    handoff = split_handoff_s(view, split.decode_node) if split is not None else 0.0
+    split_ttft_s = split.est_ttft_s + handoff if split is not None else float("inf")
     n = view.num_tokens
     room = table.decode_room_tokens(slots) >= n
     if not room.any():
@@ -81,21 +95,29 @@ def choose_path(view: RoutingView, split_ttft_s: float, cfg: LocalPrefillConfig,
     budget = cfg.step_budget_tokens
     steps = np.ceil((queued + new) / budget)
     idle = table.decode_load(slots) == 0
-    ttft = np.where(idle, 0.0, steps * step) + model.estimate(queued + new, cached, speed)
+    ttft = np.where(idle, 0.0, (steps + 0.5) * step) + model.estimate(queued + new, cached, speed)
     # With nothing decoding no one pays a chunk: the TBT that matters is the request's own.
     tbt = step + np.where(running > 0, model.estimate(np.minimum(budget, new), cached, speed), 0.0)
-    cost = running * model.estimate(new, cached, speed)
+    spread = np.maximum(table.output_tokens[slots], 1.0)
+    cost = running * model.estimate(new, cached, speed) / spread
     score = ttft + cfg.tpot_weight * cost
     i = int(np.argmin(score))
     est = LocalEstimate(view.names[int(slots[i])], int(cached[i]), float(queued[i]), float(running[i]),
-                        int(steps[i]), float(ttft[i]), float(tbt[i]), float(cost[i]), split_ttft_s)
+                        int(steps[i]), float(ttft[i]), float(tbt[i]), float(cost[i]), split_ttft_s, handoff)
     if tbt_slo_s is not None and est.tbt_s > tbt_slo_s:
         est.why = f"its TBT while prefilling ({est.tbt_s * 1e3:.0f} ms) breaks the TBT SLO"
     elif float(score[i]) >= split_ttft_s:
-        est.why = "the split path is faster" + (" once the running requests' stall is counted" if est.tpot_cost_s else "")
+        est.why = "the split path is faster" + (" once the TPOT its running requests gain is counted" if est.tpot_cost_s else "")
     else:
         est.chosen = True
     return est
+
+
+def split_handoff_s(view: RoutingView, decode_node: str) -> float:
+    """What the split path pays at its decode node's step boundaries: one step while it decodes."""
+    slot = view.names.index(decode_node)
+    running = float(view.table.running[slot])
+    return float(view.decode_model.step_time(running)) if running > 0 else 0.0
 
 
 def local_decision(view: RoutingView, est: LocalEstimate, split: RouteDecision | None, policy: str) -> RouteDecision:

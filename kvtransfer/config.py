@@ -26,9 +26,11 @@ class TransferConfig:
     heartbeat_interval_s: float = 1.0
     # Silence after which a peer is dead; also how long an abort waits for the peer's confirmation.
     heartbeat_timeout_s: float = 5.0
-    # The endpoint thread's poll period while bytes are in motion, and while nothing is.
+    # The endpoint thread's poll period while bytes are in motion, while rooms are open but idle,
+    # and while it holds no room at all (heartbeats are then all that is due).
     busy_poll_s: float = 0.0002
     idle_poll_s: float = 0.005
+    quiet_poll_s: float = 0.05
     # NIXL's own progress thread costs ~8 ms per notification (it sleeps in poll() >= 1 ms); without
     # it our endpoint thread drives UCX (see nixl_backend.py).
     nixl_progress_thread: bool = False
@@ -51,11 +53,13 @@ class TransferConfig:
 
     def __post_init__(self) -> None:
         for name in ("bootstrap_timeout_s", "wait_timeout_s", "transfer_timeout_s", "heartbeat_interval_s",
-                     "heartbeat_timeout_s", "busy_poll_s", "idle_poll_s"):
+                     "heartbeat_timeout_s", "busy_poll_s", "idle_poll_s", "quiet_poll_s"):
             if not getattr(self, name) > 0:
                 raise TransferConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise TransferConfigError("heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if self.quiet_poll_s >= self.heartbeat_interval_s:
+            raise TransferConfigError("quiet_poll_s must be under heartbeat_interval_s: a quiet endpoint still beats")
         if not 0 <= self.bootstrap_port < 65536:
             raise TransferConfigError(f"bootstrap_port out of range: {self.bootstrap_port}")
         if self.tcp_chunk_bytes < 4096 or self.max_message_bytes < 4096:

@@ -85,7 +85,7 @@ class KVReceiver(Endpoint):
         self._check_deadlines()
         self._check_heartbeats()
         busy = any(r.state == S.TRANSFERRING for r in self.rooms.live())
-        return self.config.busy_poll_s if busy else self.config.idle_poll_s
+        return self._next_wait(busy)
 
     def _link(self, address: str) -> BootstrapLink:
         link = self._links.get(address)

@@ -131,7 +131,7 @@ class KVSender(Endpoint):
         busy = self._progress()
         self._check_deadlines()
         self._check_heartbeats()
-        return self.config.busy_poll_s if busy else self.config.idle_poll_s
+        return self._next_wait(busy)
 
     def _on_message(self, identity: bytes, msg: schema.Message) -> None:
         name = identity.decode(errors="replace")

@@ -51,7 +51,7 @@ def test_a_long_prompt_stays_split_while_the_decode_node_is_busy():
     d = core.route("doc", DOC)
     assert d.path == "split" and d.prefill_node == "p0" and d.decode_node == "d0"
     assert d.local is not None and not d.local.chosen
-    assert "stall" in d.local.why and d.local.tpot_cost_s > d.local.split_ttft_s
+    assert "TPOT" in d.local.why and d.local.tpot_cost_s > d.local.split_ttft_s
 
 
 def test_the_same_long_prompt_goes_local_on_an_idle_decode_node_behind_a_long_queue():
@@ -108,6 +108,34 @@ def test_tpot_weight_prices_the_running_requests_stall():
         core.report_load(busy)
         paths[weight] = core.route("chat", CHAT).path
     assert paths == {0.0: "local", 10.0: "split"}
+
+
+def test_the_stall_is_spread_over_the_output_tokens_the_decode_node_sees_per_request():
+    """Before a decode node finished a request the stall counts whole (as an ITL); once it reports
+    its mean output length, each running request's TPOT grows by the stall over that length."""
+    queue = load("p0", "prefill", queued=300, speed=SPEED)
+    paths, costs = {}, {}
+    for mean_out in (0.0, 256.0):
+        core = make()
+        core.report_load(queue)
+        core.report_load(load("d0", "decode", running=8, speed=0.0, mean_output_tokens=mean_out))
+        d = core.route("chat", CHAT)
+        paths[mean_out], costs[mean_out] = d.path, d.local.tpot_cost_s
+    assert paths == {0.0: "split", 256.0: "local"}
+    assert costs[0.0] == pytest.approx(256 * costs[256.0])
+
+
+def test_the_split_path_pays_its_decode_nodes_step_boundaries():
+    """The split decode node reserves blocks and streams the first token at the end of the step
+    under way: one decode step joins the split estimate while it decodes, nothing while it idles."""
+    assert make().route("chat", CHAT).local.split_handoff_s == 0
+    busy = make(replace(ON, tpot_weight=1e9))   # the local path loses: the split estimate is read
+    busy.report_load(load("d0", "decode", running=6, speed=0.0))
+    d = busy.route("chat", CHAT)
+    step = float(busy.decode_model.step_time(6))
+    assert d.path == "split" and step > 0 and d.local.split_handoff_s == pytest.approx(step)
+    assert d.local.split_ttft_s == pytest.approx(d.est_ttft_s + step)
+    assert "handoff" in d.explain()
 
 
 def test_no_room_on_any_decode_node_means_no_local_candidate():

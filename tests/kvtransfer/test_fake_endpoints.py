@@ -53,6 +53,23 @@ def assert_clean(*eps):
         assert (st.rooms, st.live_rooms, st.held_blocks) == (0, 0, 0), (ep.name, st)
 
 
+def test_an_endpoint_without_rooms_polls_at_the_quiet_period(pair):
+    """With no room open only heartbeats are due, so the loop sleeps longest; an open room brings
+    back the idle period (its deadlines and notifications), bytes in motion the busy one."""
+    snd, rcv = pair
+    for ep in pair:
+        assert ep._next_wait(False) == CFG.quiet_poll_s > CFG.idle_poll_s
+        assert ep._next_wait(True) == CFG.busy_poll_s
+    handshake(snd, rcv, 3, [1, 2])
+    assert snd._next_wait(False) == rcv._next_wait(False) == CFG.idle_poll_s
+    rcv.abort(3)
+    assert rcv.wait(3, S.SUCCESS, W) == S.FAILED and snd.wait(3, S.SUCCESS, W) == S.FAILED
+    rcv.release(3)
+    snd.release(3)
+    assert snd._next_wait(False) == rcv._next_wait(False) == CFG.quiet_poll_s
+    assert_clean(snd, rcv)
+
+
 def test_blocks_and_aux_arrive_and_nothing_else_moves(pair):
     snd, rcv = pair
     before = rcv.backend.pool.clone(), rcv.backend.aux.clone()

@@ -97,7 +97,8 @@ def test_transfer_config_defaults_to_ucx_with_every_device():
     ({"nixl_devices": "0=mlx5_0,mlx5_1"}, "mixes"),
     ({"nixl_devices": None}, "must be a string"),
     ({"heartbeat_timeout_s": 0.5}, "must exceed heartbeat_interval_s"),
-], ids=["lowercase", "unknown", "libfabric-devices", "bad-map", "none", "timeouts"])
+    ({"quiet_poll_s": 1.0}, "quiet_poll_s must be under heartbeat_interval_s"),
+], ids=["lowercase", "unknown", "libfabric-devices", "bad-map", "none", "timeouts", "quiet-poll"])
 def test_transfer_config_refuses_with_a_typed_error(options, message):
     with pytest.raises(TransferConfigError, match=message):
         TransferConfig(**options)
