@@ -63,6 +63,9 @@ def add_serve_parser(sub) -> None:
                    help="with --adaptive: prompt tokens a decode node computes per step while it decodes, so "
                         "its running requests keep their TPOT (default 32, sized for a CPU core; a GPU node "
                         "takes a few hundred)")
+    p.add_argument("--tpot-target", type=float, default=None, metavar="S",
+                   help="with --adaptive: the TPOT to hold, in seconds; decode steps slower than 0.8 S move a "
+                        "node to decode (default: only decode KV memory does)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require this bearer key (default: $RAYPD_API_KEY; none if unset)")
@@ -112,7 +115,8 @@ def config_from_args(args):
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
         retry_limit=args.retry_limit, migration_limit=args.migration_limit,
         max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=args.max_queued_requests,
-        ttft_slo_s=args.ttft_slo, adaptive=args.adaptive, local_prefill_budget=args.local_prefill_budget)
+        ttft_slo_s=args.ttft_slo, adaptive=args.adaptive, local_prefill_budget=args.local_prefill_budget,
+        tpot_target_s=args.tpot_target)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -76,6 +76,10 @@ class ClusterSpec:
     # the load shifts (conductor/planners/duties.py). With local_prefill_budget it may leave no node in
     # the prefill duty (every node then prefills its own prompts). Needs a policy.
     flex: bool = False
+    # Flex only: the TPOT the deployment aims for. The duty planner moves a node to decode once decode
+    # steps pass TPOT_TARGET_SHARE of it (DutyPlannerConfig.decode_busy_step_s); None: only decode KV
+    # memory calls for one.
+    tpot_target_s: float | None = None
     # How many times Ray restarts a node actor that died (SIGKILL, OOM, an engine crash): the same
     # name and constructor args, a fresh engine; the node pool re-attaches it. 0: a death is final.
     max_node_restarts: int = 0
@@ -94,6 +98,11 @@ class ClusterSpec:
         check_gpus_per_node(self.gpus_per_node)
         if self.max_node_restarts < 0:
             raise ValueError("max_node_restarts must be >= 0")
+        if self.tpot_target_s is not None:
+            if not self.tpot_target_s > 0:
+                raise ValueError("tpot_target_s must be > 0 seconds")
+            if not self.flex:
+                raise ValueError("tpot_target_s steers the duty planner: it needs flex nodes")
         if self.local_prefill_budget is not None:
             if self.local_prefill_budget < 1:
                 raise ValueError("local_prefill_budget must be >= 1 prompt tokens per step")
@@ -199,14 +208,30 @@ class NodeCluster:
         self.stop()
 
 
-def _start_conductor(spec: ClusterSpec, policy: str):
+# The share of the TPOT target at which decode steps call for another decode node: moved before the
+# target breaks, since a node's move takes a drain (its old duty's work) and a cooldown.
+TPOT_TARGET_SHARE = 0.8
+
+
+def conductor_config(spec: ClusterSpec, policy: str) -> ConductorConfig:
+    """What the spec asks of the Conductor; spec.conductor_options win over what is derived here."""
     derived: dict = {"policy": policy}
     if spec.local_prefill_budget is not None:
         derived["local_prefill"] = LocalPrefillConfig(enabled=True, step_budget_tokens=spec.local_prefill_budget)
-        if spec.flex:  # every node may prefill its own prompts: the prefill duty may empty
-            derived["duties"] = DutyPlannerConfig(min_prefill_nodes=0)
-    # One replace, so the config is checked once with every field final (conductor_options win).
-    config = replace(ConductorConfig(), **(derived | spec.conductor_options))
+    if spec.flex:
+        duties: dict = {}
+        if spec.local_prefill_budget is not None:  # every node may prefill its own prompts: the prefill duty may empty
+            duties["min_prefill_nodes"] = 0
+        if spec.tpot_target_s is not None:
+            duties["decode_busy_step_s"] = TPOT_TARGET_SHARE * spec.tpot_target_s
+        if duties:
+            derived["duties"] = DutyPlannerConfig(**duties)
+    # One replace, so the config is checked once with every field final.
+    return replace(ConductorConfig(), **(derived | spec.conductor_options))
+
+
+def _start_conductor(spec: ClusterSpec, policy: str):
+    config = conductor_config(spec, policy)
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
     conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)

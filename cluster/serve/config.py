@@ -66,6 +66,9 @@ class ServeConfig:
     # running requests keep their TPOT.
     adaptive: bool = False
     local_prefill_budget: int = 32
+    # With adaptive: the TPOT to hold; decode steps past 0.8 of it move a node to decode
+    # (ClusterSpec.tpot_target_s). None: only decode KV memory does.
+    tpot_target_s: float | None = None
     app_name: str = "raypd"
     # Proven by every data plane connection (kvtransfer/data_plane_auth.py). None: taken from the
     # environment variable RAYPD_DATA_PLANE_SECRET (the Helm chart fills it from a Kubernetes Secret),
@@ -123,6 +126,9 @@ class ServeConfig:
             raise ServeConfigError("--adaptive chooses between prefill and decode nodes: it needs both")
         if not isinstance(self.local_prefill_budget, int) or self.local_prefill_budget < 1:
             raise ServeConfigError("--local-prefill-budget must be an integer >= 1 (prompt tokens per decode step)")
+        if self.tpot_target_s is not None and not (self.tpot_target_s > 0 and self.adaptive):
+            raise ServeConfigError("--tpot-target must be > 0 seconds, and steers --adaptive's duty planner: "
+                                   "it needs --adaptive")
         if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
             raise ServeConfigError("--ttft-slo must be > 0 seconds")
         self.admission_limits()  # the engine options it reads are valid
@@ -187,5 +193,5 @@ class ServeConfig:
                            policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts,
                            data_plane_secret=self.secret,
                            local_prefill_budget=self.local_prefill_budget if self.adaptive else None,
-                           flex=self.adaptive,
+                           flex=self.adaptive, tpot_target_s=self.tpot_target_s if self.adaptive else None,
                            conductor_options={} if self.ttft_slo_s is None else {"ttft_slo_s": self.ttft_slo_s})
