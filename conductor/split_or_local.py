@@ -26,11 +26,14 @@ it finished any: the stall then counts whole, as an ITL would), step_d the decod
 the weights are read either way) and prefill the fitted prefill time model at the prefill nodes'
 measured speed (a decode node's own report counts decode tokens, not prompt tokens).
 
-The split path's estimate (the policy's: queue, prefill, KV send) gains its handoff: the split
-decode node takes the request at the end of its step under way to reserve blocks (the prefill
-node waits for that destination; measured ~0.85 of a step) and streams the first token at the
-end of the step under way when the KV lands (half a step): one step_d of that node while it
-decodes. The Conductor goes local on the d minimising ttft_d + tpot_weight x cost_d when that
+The split path's estimate (the policy's: queue, prefill, KV send) gains its handoff at the split
+decode node while it decodes: it streams the first token at the end of the step under way when the
+KV lands (half a step), and it reserves the prompt's blocks at the end of the step under way when
+the request arrives (measured ~0.85 of a step, messages included; one step here), which the prefill
+node's write waits for when the prefill is done sooner (its prefill starts at once: early admission,
+prefill_node/bootstrap_stage.py):
+
+    handoff    = step_s / 2 + max(0, step_s - split TTFT estimate) The Conductor goes local on the d minimising ttft_d + tpot_weight x cost_d when that
 beats the split path, the prompt fits d's free KV, and (with a TBT SLO) tbt_d stays inside it.
 The same request then costs no prefill-node queue and no KV transfer, and the decode node's
 running requests pay for it in TPOT, which is what the weight prices.
@@ -76,7 +79,7 @@ def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefil
     table = view.table
     if not len(slots):
         return None
-    handoff = split_handoff_s(view, split.decode_node) if split is not None else 0.0
+    handoff = split_handoff_s(view, split) if split is not None else 0.0
     split_ttft_s = split.est_ttft_s + handoff if split is not None else float("inf")
     n = view.num_tokens
     room = table.decode_room_tokens(slots) >= n
@@ -113,11 +116,14 @@ def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefil
     return est
 
 
-def split_handoff_s(view: RoutingView, decode_node: str) -> float:
-    """What the split path pays at its decode node's step boundaries: one step while it decodes."""
-    slot = view.names.index(decode_node)
+def split_handoff_s(view: RoutingView, split: RouteDecision) -> float:
+    """What the split path pays at its decode node's step boundaries while it decodes (above)."""
+    slot = view.names.index(split.decode_node)
     running = float(view.table.running[slot])
-    return float(view.decode_model.step_time(running)) if running > 0 else 0.0
+    if running <= 0:
+        return 0.0
+    step = float(view.decode_model.step_time(running))
+    return step / 2 + max(0.0, step - split.est_ttft_s)
 
 
 def local_decision(view: RoutingView, est: LocalEstimate, split: RouteDecision | None, policy: str) -> RouteDecision:

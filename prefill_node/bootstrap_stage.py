@@ -1,14 +1,21 @@
-"""BootstrapStage: prefill requests whose room waits for the decode node's destination.
+"""BootstrapStage: prefill requests waiting to enter the engine, their rooms open in the KVSender.
 
-    add(pr): room opened in the KVSender ─> BOOTSTRAP (the decode node registers and sends the
-             destination blocks it reserved)
-        ├─ destination arrived, an aux slot free ─> pop_ready() ─> WaitingStage (the engine)
+    add(pr): room opened ─> BOOTSTRAP (the decode node registers and sends the destination blocks it
+             reserved)
+        ├─ destination arrived, or early admission (below), and an aux slot free
+        │     ─> pop_ready(early) ─> WaitingStage (the engine)
         └─ room FAILED: bootstrap timeout, decode node's abort, abort() confirmed
               ─> pop_ended(): room released, pr.error says why
 
-Nothing but the room is held here: the engine sees a request only once its decode node has reserved
-blocks for the KV, so a request no decode node takes costs no compute. While every aux slot is in
-flight, requests with a destination wait here in arrival order (their rooms' timeout still runs).
+Early admission: up to `early` requests (the node's max_early_prefills less those already computing
+without a destination) enter the engine before their destination arrives, so the prefill overlaps the
+decode node's reservation, which waits for the end of a decode step (measured at ~0.85 of one, the
+largest part of the split path's TTFT beside the prefill itself). Their KV write is armed and posted
+by the sender the moment the destination comes (KVSender.send). vLLM and Mooncake prefill before the
+decode side is known; SGLang waits for it, so a request no decode node takes costs no compute. The
+limit keeps what such requests can cost bounded: beyond it, requests wait here for their destination.
+Nothing but the room is held here. While every aux slot is in flight, requests wait in arrival order
+(their rooms' timeout still runs).
 """
 from __future__ import annotations
 
@@ -43,12 +50,17 @@ class BootstrapStage:
         pr.phase = PrefillPhase.BOOTSTRAP
         self._requests[pr.request_id] = pr
 
-    def pop_ready(self) -> list[PrefillRequest]:
-        """Requests whose destination arrived, each now holding an aux slot, in arrival order."""
+    def pop_ready(self, early: int = 0) -> list[PrefillRequest]:
+        """Requests whose destination arrived, and up to `early` more without one, each now holding
+        an aux slot, in arrival order."""
         ready = []
         for pr in self._requests.values():
-            if pr.aborting or self._sender.poll(pr.room) < S.WAITING_FOR_INPUT:
+            if pr.aborting:
                 continue
+            if self._sender.poll(pr.room) < S.WAITING_FOR_INPUT:
+                if early <= 0:
+                    continue
+                early -= 1
             slot = self._aux.take()
             if slot is None:
                 break

@@ -1,7 +1,7 @@
 """PrefillNode: an engine in prefill mode plus a KVSender. One room per request, keyed by the room id
 the caller minted (the decode node knows the same id).
 
-    prefill(req) ─> BootstrapStage ─destination arrived, aux slot─> WaitingStage ─first token─> InflightStage
+    prefill(req) ─> BootstrapStage ─destination arrived (or early), aux slot─> WaitingStage ─first token─> InflightStage
         │               │ room FAILED                                  │ room FAILED               │ room terminal
         │               v                                              v                           v
         │         PrefillResult(error)                          PrefillResult(error)    PrefillResult(ok / error)
@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 
 from raypd.engine.outputs import StepOutput
-from raypd.kvtransfer import KVReceiver, KVSender
+from raypd.kvtransfer import KVReceiver, KVSender, TransferState
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
 from raypd.node.aux_slots import AuxSlots
 from raypd.node.node_core import Held, NodeCore
@@ -41,9 +41,15 @@ class PrefillNode:
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 data_plane_secret: DataPlaneSecret | None = None, *, core: NodeCore | None = None):
+                 data_plane_secret: DataPlaneSecret | None = None, max_early_prefills: int = 8, *,
+                 core: NodeCore | None = None):
         """`core`: serve on another node's NodeCore (a flex node's one engine), which ticks this
-        node's stages and starts the engine itself; by default the node owns its core."""
+        node's stages and starts the engine itself; by default the node owns its core.
+        `max_early_prefills`: requests that may compute before their decode node's destination
+        arrived (bootstrap_stage.py says why; 0: each waits for it, as SGLang's prefill does)."""
+        if max_early_prefills < 0:
+            raise ValueError(f"max_early_prefills must be >= 0, got {max_early_prefills}")
+        self.max_early_prefills = max_early_prefills
         self.name = name
         owns_core = core is None
         self.core = core = core or NodeCore(name, self.role, model, engine_options, num_cpus, tick=self._tick,
@@ -159,7 +165,7 @@ class PrefillNode:
     def _tick(self) -> bool:
         if self.bootstrap:
             self._end(self.bootstrap.pop_ended())
-            for pr in self.bootstrap.pop_ready():
+            for pr in self.bootstrap.pop_ready(self._early_slots()):
                 self.waiting.add(pr)
         if self.waiting:
             self._end(self.waiting.pop_ended())
@@ -168,6 +174,14 @@ class PrefillNode:
             self._end(self.inflight.pop_ready())
         copying = self.copies.tick()
         return bool(self.requests) or copying
+
+    def _early_slots(self) -> int:
+        """How many more requests may enter the engine before their destination arrived."""
+        if not self.max_early_prefills:
+            return 0
+        early = sum(1 for pr in self.requests.values()
+                    if pr.phase > P.BOOTSTRAP and self.sender.poll(pr.room) == TransferState.BOOTSTRAPPING)
+        return max(0, self.max_early_prefills - early)
 
     def _on_outputs(self, outputs: list[StepOutput]) -> None:
         for pr in self.waiting.pop_ready(outputs):

@@ -19,9 +19,11 @@ class PrefillPhase(IntEnum):
     request only moves up, so the least advanced of several is their min, and what a request holds is
     a comparison (>= WAITING: an aux slot and an engine request; INFLIGHT: blocks the transport may
     be reading until the room is terminal)."""
-    BOOTSTRAP = 1   # room open, the decode node's destination not yet here; holds no blocks
-    WAITING = 2     # in the engine (waiting, or running chunked prefill); holds an aux slot and blocks
-    INFLIGHT = 3    # prefilled: KV and aux record being written; blocks held until the room is terminal
+    BOOTSTRAP = 1   # room open, waiting to enter the engine (for the destination, past the early limit)
+    WAITING = 2     # in the engine (waiting, or running chunked prefill), its destination here or not
+                    # (early admission); holds an aux slot and blocks
+    INFLIGHT = 3    # prefilled: KV and aux record being written, or the write armed until the
+                    # destination comes; blocks held until the room is terminal
 
 
 @dataclass(slots=True, eq=False)
@@ -50,8 +52,10 @@ class PrefillRequest:
         return self.abort_reason is not None
 
     def timings(self) -> dict[str, float]:
-        """Seconds per phase from the start times that exist, and the handoff itself split by the
-        sender loop's own clock: bytes moving (kv_write_s), then the receiver's Done (kv_ack_s)."""
+        """Seconds per phase from the start times that exist (bootstrap_s: before the engine took
+        it, ~0 when admitted early), and the handoff itself by the sender loop's own clock: the write
+        armed waiting for a destination that came after the prefill (armed_s), bytes moving
+        (kv_write_s), then the receiver's Done (kv_ack_s)."""
         t = self.t
         out = {}
         for name, a, b in (("bootstrap_s", "arrived", "bootstrapped"), ("queue_s", "bootstrapped", "scheduled"),
@@ -65,4 +69,6 @@ class PrefillRequest:
                 and rec.t_done is not None:
             out["kv_write_s"] = rec.t_landed - rec.t_posted
             out["kv_ack_s"] = rec.t_done - rec.t_landed
+            if "prefilled" in t:  # durations on both clocks: the room opened as the request arrived
+                out["armed_s"] = max(0.0, (rec.t_posted - rec.t_added) - (t["prefilled"] - t["arrived"]))
         return out

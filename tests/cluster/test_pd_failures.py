@@ -77,6 +77,13 @@ def queues(n) -> dict:
     return ray.get(n.actor.stats.remote(), timeout=30)["queues"]
 
 
+def held(n) -> int:
+    """Requests a prefill node holds in any stage: one without a destination waits for it in BOOTSTRAP,
+    or (early admission, the default) is computed with its write armed until the destination comes."""
+    q = queues(n)
+    return q["bootstrap"] + q["queued"] + q["inflight"]
+
+
 def final_of(sink: TokenSink, generate_ref) -> list:
     """Wait for a decode node's generate() and return the chunks its token stream carried: exactly
     one final chunk, the last, equal to the one generate() returned, and the tokens it counted."""
@@ -110,12 +117,13 @@ def frozen_decode_pair(cluster):
     return prefill, decode
 
 
-def test_abort_in_prefill_bootstrap_and_queued(cluster, prompt_ids, sink):
+def test_abort_in_prefill_before_the_destination_and_queued(cluster, prompt_ids, sink):
     slow = node(cluster, "prefill-1")
-    # BOOTSTRAP: no decode node ever sends a destination.
+    # No decode node ever sends a destination: computed early, the write armed (BOOTSTRAP itself, with
+    # early admission off, is tested on the node: tests/node/test_pd_one_process.py).
     req = request(prompt_ids[0])
     result = slow.actor.prefill.remote(req)
-    wait_for(lambda: queues(slow)["bootstrap"] == 1, "bootstrap queue")
+    wait_for(lambda: held(slow) == 1, "the request on the node")
     ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
     res = ray.get(result, timeout=HANG_GUARD_S)
     assert not res.ok and "aborted by the client" in res.error
@@ -205,11 +213,12 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
         wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
         with paused(decode):
             wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
-            # A second room waits in BOOTSTRAP: its decode node is frozen and cannot send a destination.
+            # A second room waits for its destination (computed early meanwhile): its decode node is
+            # frozen and cannot send one.
             waiting = request(prompt_ids[0], prefill=prefill, sink=sink)
             waiting_result = prefill.actor.prefill.remote(waiting)
             waiting_end = decode.actor.generate.remote(waiting)
-            wait_for(lambda: queues(prefill)["bootstrap"] == 1, "bootstrap queue")
+            wait_for(lambda: held(prefill) == 2, "the second request on the node")
             ray.kill(prefill.actor)
         for ref in (inflight_result, waiting_result):
             with pytest.raises(ray.exceptions.RayActorError):

@@ -126,15 +126,22 @@ def test_the_stall_is_spread_over_the_output_tokens_the_decode_node_sees_per_req
 
 
 def test_the_split_path_pays_its_decode_nodes_step_boundaries():
-    """The split decode node reserves blocks and streams the first token at the end of the step
-    under way: one decode step joins the split estimate while it decodes, nothing while it idles."""
+    """The split decode node streams the first token at the end of the step under way (half a step),
+    and reserves blocks at the end of the step under way when the request arrives (a step), which a
+    prefill done sooner waits for: nothing of it while the decode node idles."""
     assert make().route("chat", CHAT).local.split_handoff_s == 0
     busy = make(replace(ON, tpot_weight=1e9))   # the local path loses: the split estimate is read
     busy.report_load(load("d0", "decode", running=6, speed=0.0))
+    busy.report_load(load("p0", "prefill", speed=50 * SPEED))
     d = busy.route("chat", CHAT)
     step = float(busy.decode_model.step_time(6))
-    assert d.path == "split" and step > 0 and d.local.split_handoff_s == pytest.approx(step)
-    assert d.local.split_ttft_s == pytest.approx(d.est_ttft_s + step)
+    assert d.path == "split" and step > d.est_ttft_s   # a fast prefill is done before the blocks are reserved
+    assert d.local.split_handoff_s == pytest.approx(step / 2 + step - d.est_ttft_s)
+    assert d.local.split_ttft_s == pytest.approx(step * 1.5)
+    # A prompt that takes longer than a step to prefill pays only the half step at the end.
+    busy.report_load(load("p0", "prefill", queued=2000, speed=SPEED))
+    d = busy.route("long-queue", DOC[:64])
+    assert d.est_ttft_s > step and d.local.split_handoff_s == pytest.approx(step / 2)
     assert "handoff" in d.explain()
 
 

@@ -97,6 +97,22 @@ async def wait_queue(node, queue: str, n: int, timeout_s: float = WAIT_S) -> Non
         await asyncio.sleep(0.005)
 
 
+PREFILL_QUEUES = ("bootstrap", "queued", "inflight")
+
+
+async def wait_held(node, n: int, queues: Sequence[str] = PREFILL_QUEUES, timeout_s: float = WAIT_S) -> None:
+    """Until the node's prefill stages hold n requests between them. A request without a decode side
+    yet may wait in any: computed early with its write armed, or waiting for its destination."""
+    deadline = time.monotonic() + timeout_s
+    async def held() -> int:
+        queues_now = (await node.stats())["queues"]
+        return sum(queues_now[q] for q in queues)
+    while await held() != n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{node.name}: never held {n}: {(await node.stats())['queues']}")
+        await asyncio.sleep(0.005)
+
+
 def stop_nodes(*nodes) -> None:
     """Shut the nodes down, in order (a module fixture's teardown)."""
     async def stop():

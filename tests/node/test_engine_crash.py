@@ -12,7 +12,7 @@ import pytest
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.node.engine_loop import NodeCrashedError
 from raypd.prefill_node.prefill_node import PrefillNode
-from tests.node.pd import ENDLESS, PATIENT, WAIT_S, TokenSink, prompt, request, wait_queue
+from tests.node.pd import ENDLESS, PATIENT, WAIT_S, TokenSink, prompt, request, wait_held
 
 
 class RecordingConductor:
@@ -41,11 +41,11 @@ def test_prefill_node_crash_fails_pending_calls_at_once():
         prefill = PrefillNode("crash-prefill", engine_options={"num_blocks": 16}, transfer_options=PATIENT)
         link_conductor = RecordingConductor()
         try:
-            # No decode side ever registers: the request waits in BOOTSTRAP until the crash.
+            # No decode side ever registers: the request waits (computed, its write armed) until the crash.
             pending = asyncio.ensure_future(prefill.prefill(request(prompt(40), ENDLESS)))
             # A prefix import from a source that never writes: it waits for the write until the crash.
             copy = asyncio.ensure_future(prefill.import_prefix(list(prompt(32)), 77, "tcp://127.0.0.1:9"))
-            await wait_queue(prefill, "bootstrap", 1)
+            await wait_held(prefill, 1)
             from raypd.node.conductor_link import ConductorLink
             prefill.core._conductor_link = link = ConductorLink(prefill, link_conductor, None)
             link.start()

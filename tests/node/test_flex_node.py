@@ -12,7 +12,7 @@ import pytest
 from raypd.node.flex_node import FlexNode
 from raypd.protocol.duty import Duty
 from raypd.protocol.messages import NodeRequest
-from tests.node.pd import GREEDY, PATIENT, WAIT_S, assert_idle, prompt, request, stop_nodes, stream_tokens, wait_queue
+from tests.node.pd import GREEDY, PATIENT, WAIT_S, assert_idle, prompt, request, stop_nodes, stream_tokens, wait_held
 
 ENGINE = {"num_blocks": 48, "chunked_prefill_size": 16, "max_num_batched_tokens": 16}
 
@@ -68,10 +68,10 @@ def test_a_duty_change_drains_the_old_duty_first(nodes, sink, make_llm):
     async def main():
         before = (await a.stats())["duty_changes"]
         prefill = asyncio.ensure_future(a.prefill(req))
-        await wait_queue(a, "bootstrap", 1)
+        await wait_held(a, 1)   # computed at once, its write armed until the decode side comes
         assert await a.set_duty("decode") == Duty.TO_DECODE.value
         report = await a.load_report()
-        assert report.duty == Duty.TO_DECODE.value and report.waiting == 1
+        assert report.duty == Duty.TO_DECODE.value and report.waiting + report.inflight == 1
         assert (await a.stats())["duty"] == Duty.TO_DECODE.value
         end = await asyncio.wait_for(b.generate(req), WAIT_S)   # the decode side arrives: the prefill ends
         result = await asyncio.wait_for(prefill, WAIT_S)
@@ -96,7 +96,7 @@ def test_an_idle_node_changes_duty_at_once_and_a_drain_can_be_called_off(nodes, 
 
     async def main():
         prefill = asyncio.ensure_future(b.prefill(req))
-        await wait_queue(b, "bootstrap", 1)
+        await wait_held(b, 1)
         draining = await b.set_duty("decode")
         called_off = await b.set_duty("prefill")     # back to the duty it was leaving: nothing to drain
         await asyncio.wait_for(a.generate(req), WAIT_S)

@@ -26,7 +26,9 @@ from tests.node.pd import (
     prompt,
     request,
     stop_nodes,
+    WAIT_S,
     stream_tokens,
+    wait_held,
     wait_queue,
 )
 
@@ -79,7 +81,7 @@ def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_l
     for res, end in zip(prefilled, ends):
         assert isinstance(res, PrefillResult) and res.ok and res.error is None
         assert set(res.timings) == {"bootstrap_s", "queue_s", "prefill_s", "transfer_s", "total_s",
-                                    "kv_write_s", "kv_ack_s"}
+                                    "kv_write_s", "kv_ack_s", "armed_s"}
         assert end.final.finish_reason in ("stop", "length") and end.final.error is None
         assert set(end.final.timings) >= {"prealloc_s", "kv_wait_s", "total_s"}
     assert p_stats["completed"] >= 3 and p_stats["queues"] == {"bootstrap": 0, "queued": 0, "inflight": 0,
@@ -87,19 +89,63 @@ def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_l
     assert [e.block_hashes for e in events.events]  # the 16-token prompt's block went into the radix cache
 
 
-def test_abort_in_bootstrap(nodes, sink):
+def test_abort_in_bootstrap(sink):
+    """With early admission off (SGLang's order), a request without a destination waits in
+    BootstrapStage, holding nothing but its room."""
+    prefill = PrefillNode("sglang-order", engine_options={"num_blocks": PREFILL_BLOCKS}, transfer_options=PATIENT,
+                          aux_slots=4, max_early_prefills=0)
+    req = request(prompt(20, 300), GREEDY, prefill.sender.bootstrap_address, sink.address)
+
+    async def main():
+        try:
+            result = asyncio.ensure_future(prefill.prefill(req))  # no decode node ever sends a destination
+            await wait_queue(prefill, "bootstrap", 1)
+            load = await prefill.load_report()
+            await prefill.abort(req.request_id)
+            res = await result
+            await assert_idle(prefill)
+            return load, res
+        finally:
+            await prefill.shutdown()
+    load, res = asyncio.run(main())
+    assert load.waiting == 1 and load.queued_prefill_tokens == 20 and load.role == Role.PREFILL
+    assert not res.ok and res.error == "aborted by the client" and "bootstrap_s" not in res.timings
+
+
+def test_a_request_computes_before_its_destination_and_an_abort_frees_its_armed_write(nodes, sink):
+    """Early admission: the prompt is computed while no decode side has come, its write armed; an
+    abort then ends it at once (no byte was moving), the prompt's KV left in the prefix cache."""
     prefill, decode = nodes
     req = pd_request(nodes, sink, prompt(20, 300))
 
     async def main():
         result = asyncio.ensure_future(prefill.prefill(req))  # no decode node ever sends a destination
-        await wait_queue(prefill, "bootstrap", 1)
+        await wait_queue(prefill, "inflight", 1)
         load = await prefill.load_report()
         await prefill.abort(req.request_id)
         return load, await result
     load, res = asyncio.run(main())
-    assert load.waiting == 1 and load.queued_prefill_tokens == 20 and load.role == Role.PREFILL
-    assert not res.ok and res.error == "aborted by the client" and "bootstrap_s" not in res.timings
+    assert load.inflight == 1 and load.waiting == 0 and load.queued_prefill_tokens == 0
+    assert not res.ok and res.error == "aborted by the client"
+    assert {"bootstrap_s", "queue_s", "prefill_s"} <= set(res.timings) and "kv_write_s" not in res.timings
+
+
+def test_a_late_destination_gets_the_armed_write_and_the_output_equals_one_engine(nodes, sink, make_llm):
+    """The decode side comes only after the prompt was computed: the armed write is posted as its
+    destination arrives, and the stream equals one engine's."""
+    prefill, decode = nodes
+    req = pd_request(nodes, sink, prompt(40, 800))
+
+    async def main():
+        result = asyncio.ensure_future(prefill.prefill(req))
+        await wait_queue(prefill, "inflight", 1)   # prefilled, armed
+        end = await asyncio.wait_for(decode.generate(req), WAIT_S)
+        return await asyncio.wait_for(result, WAIT_S), end
+    res, end = asyncio.run(main())
+    assert res.ok and res.timings["armed_s"] > 0
+    assert res.timings["bootstrap_s"] < res.timings["armed_s"]   # computed first, then waited for the decode side
+    want = make_llm(**ENGINE).generate([list(req.prompt_token_ids)], GREEDY)[0].token_ids
+    assert stream_tokens(sink, end) == want
 
 
 @pytest.mark.parametrize("who", ["prefill", "decode"])
@@ -247,7 +293,7 @@ def test_requests_either_node_refuses(nodes, sink):
 
     async def main():
         first = asyncio.ensure_future(prefill.prefill(ok))
-        await wait_queue(prefill, "bootstrap", 1)
+        await wait_held(prefill, 1)
         again = await prefill.prefill(ok)
         await prefill.abort(ok.request_id)
         return (await first, again, await prefill.prefill(too_long),

@@ -64,10 +64,11 @@ def test_prealloc_timeout(nodes, sink):
     gate = threading.Event()
 
     async def main():
-        prefilled = asyncio.ensure_future(prefill.prefill(holder))
-        await wait_queue(prefill, "bootstrap", 1)  # its room is open
-        prefill.core.loop.call(gate.wait)  # the prefill node's engine thread stops here
+        # The prefill node's engine thread stops before it takes `holder` (a request computed early
+        # would have its write armed, and the sender's thread would deliver it regardless).
+        prefill.core.loop.call(gate.wait)
         try:
+            prefilled = asyncio.ensure_future(prefill.prefill(holder))
             decoded = asyncio.ensure_future(decode.generate(holder))
             await wait_queue(decode, "transfer", 1)
             late_end = await decode.generate(late)

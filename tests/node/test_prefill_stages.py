@@ -284,3 +284,43 @@ def test_transfer_timeout(engine):
     finally:
         side.peer.close()
         side.sender.close()
+
+
+def test_early_admission_computes_before_the_destination_and_the_write_waits_armed(side):
+    first, second = side.new(40), side.new(20)
+    side.bootstrap.add(first)
+    side.bootstrap.add(second)
+    assert side.bootstrap.pop_ready() == []          # no destination, no early slot: both wait
+    assert side.bootstrap.pop_ready(early=1) == [first] and first.aux_slot is not None
+    assert len(side.bootstrap) == 1 and second.aux_slot is None   # one slot: the second waits for its destination
+    side.waiting.add(first)
+    side.prefill(first)
+    assert first.phase == PrefillPhase.INFLIGHT
+    assert side.sender.poll(first.room) == S.BOOTSTRAPPING       # armed: nothing can move without a destination
+    blocks = side.engine.prefilled_blocks(first.request_id)
+    side.destination(first, [5, 6, 7], aux_slot=1)                # posted the moment it arrives
+    wait_until(lambda: side.sender.poll(first.room) == S.SUCCESS, "the receiver's Done")
+    assert side.inflight.pop_ready() == [first] and first.error is None
+    assert torch.equal(side.peer.backend.pool[[5, 6, 7]], side.engine.kv_cache.pool[blocks])
+    assert side.peer.backend.aux[1].tolist() == [first.first_token, 0, 40, AUX_MAGIC]
+    side.peer.release(first.room)
+    first.t["ended"] = time.time()
+    assert first.timings()["armed_s"] >= 0 and "bootstrap_s" in first.timings()
+    side.bootstrap.abort(second, "aborted by the client")
+    wait_until(lambda: side.bootstrap.pop_ended() == [second], "the second's room to fail")
+    assert_freed(side, cached_blocks=2)
+
+
+def test_an_early_request_whose_decode_side_never_comes_is_freed_at_the_bootstrap_timeout(engine):
+    side = make_side(engine, bootstrap_timeout_s=0.5)
+    try:
+        pr = side.new(40)
+        side.bootstrap.add(pr)
+        side.waiting.add(*side.bootstrap.pop_ready(early=1))
+        side.prefill(pr)
+        wait_until(lambda: side.inflight.pop_ended() == [pr], "the bootstrap timeout")
+        assert pr.error is not None and "bootstrap timeout" in pr.error
+        assert_freed(side, cached_blocks=2)   # released, not dropped: the prompt's KV is valid
+    finally:
+        side.peer.close()
+        side.sender.close()
