@@ -37,7 +37,6 @@ from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import Router
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
-from raypd.conductor.config import DutyPlannerConfig
 from raypd.engine.model.source import resolve_model
 from raypd.engine.tokenizer import Tokenizer
 from raypd.protocol.sampling_params import SamplingParams
@@ -220,13 +219,12 @@ def main(argv: list[str] | None = None) -> dict:
     srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
              "mixed": ClusterSpec(mixed_nodes=2, **common),
-             # raypd serve --adaptive: flex nodes (1 prefill + 1 decode to start) whose duties the
-             # Conductor moves, and split or local per request; decode counts as pressed (an idle prefill
-             # node may take up decode) when its steps pass 0.8 x the TPOT target
+             # raypd serve --adaptive --tpot-target <--slo-tpot>: flex nodes (1 prefill + 1 decode to
+             # start) whose duties the Conductor moves, and split or local per request; decode counts as
+             # pressed (an idle prefill node may take up decode) when its steps pass 0.8 x the target
              "adaptive": ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
-                                     local_prefill_budget=args.local_prefill_budget,
-                                     conductor_options={"duties": DutyPlannerConfig(
-                                         min_prefill_nodes=0, decode_busy_step_s=0.8 * args.slo_tpot)}, **common),
+                                     local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot,
+                                     **common),
              # the fixed PD pair with split or local per request only
              "pd-local": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
                                      local_prefill_budget=args.local_prefill_budget, **common),

@@ -72,6 +72,9 @@ class LocalPrefillConfig:
     step_budget_tokens: int = 32
     # Seconds of TPOT a decode node's running requests gain from a local prompt, summed, counted
     # against one second of this request's TTFT (split_or_local.py): higher protects TPOT more.
+    # A TPOT second is every token of a request a second later, so 1 weighs a stall spread over L
+    # tokens at 1/L of the whole stall; an operator who counts the whole stall (minimal total wait,
+    # as before mean_output_tokens existed) sets it near the mean output length.
     tpot_weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -79,6 +82,12 @@ class LocalPrefillConfig:
             raise ValueError(f"step_budget_tokens must be >= 1, got {self.step_budget_tokens}")
         if self.tpot_weight < 0:
             raise ValueError(f"tpot_weight must be >= 0, got {self.tpot_weight}")
+
+
+# The share of a TPOT target at which decode steps call for another decode node
+# (DutyPlannerConfig.decode_busy_step_s): moved before the target breaks, since a node's move takes a
+# drain (its old duty's work) and a cooldown.
+TPOT_TARGET_SHARE = 0.8
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,8 +127,10 @@ class ConductorCore:
         return True
 
     def _forget(self, info: NodeInfo) -> None:
-        """A dead node leaves every part at once: index entries, load arrays, its migrations."""
+        """A dead node leaves every part at once: index entries, load arrays, its name by slot (a
+        restart may register it on another slot), its migrations."""
         self.index.remove_node(info.name)
+        self._names[info.slot] = ""
         self.pending.remove_slot(info.slot)
         self.table.remove(info.slot)
         for _ in self.planner.drop_node(info.name, self.clock()):

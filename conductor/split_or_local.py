@@ -33,8 +33,11 @@ the request arrives (measured ~0.85 of a step, messages included; one step here)
 node's write waits for when the prefill is done sooner (its prefill starts at once: early admission,
 prefill_node/bootstrap_stage.py):
 
-    handoff    = step_s / 2 + max(0, step_s - split TTFT estimate) The Conductor goes local on the d minimising ttft_d + tpot_weight x cost_d when that
-beats the split path, the prompt fits d's free KV, and (with a TBT SLO) tbt_d stays inside it.
+    handoff    = step_s / 2 + max(0, step_s - split TTFT estimate)
+
+(A prefill node with early admission off, or its early slots full, waits for the reservation
+before computing: the handoff then understates the split path by up to a step.) The Conductor goes
+local on the d minimising ttft_d + tpot_weight x cost_d when that beats the split path, the prompt fits d's free KV, and (with a TBT SLO) tbt_d stays inside it.
 The same request then costs no prefill-node queue and no KV transfer, and the decode node's
 running requests pay for it in TPOT, which is what the weight prices.
 

@@ -56,6 +56,7 @@ class Room:
     reason: str | None = None
     nbytes: int = 0
     t_added: float = 0.0
+    t_armed: float | None = None       # sender: write armed before the destination came
     t_posted: float | None = None      # sender: write posted
     t_landed: float | None = None      # sender: backend reports the bytes at the peer
     t_done: float | None = None        # terminal

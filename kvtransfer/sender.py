@@ -94,6 +94,7 @@ class KVSender(Endpoint):
                 return
             if r.state == S.BOOTSTRAPPING and r.armed is None:
                 r.armed = (src, src_aux)
+                r.t_armed = self.rooms.clock()
                 return
             if r.state != S.WAITING_FOR_INPUT:
                 raise RoomError(f"room {room} is {r.state.name}; send() needs WAITING_FOR_INPUT or BOOTSTRAPPING")

@@ -55,9 +55,10 @@ class BootstrapStage:
         an aux slot, in arrival order."""
         ready = []
         for pr in self._requests.values():
-            if pr.aborting:
+            state = self._sender.poll(pr.room)
+            if pr.aborting or state == S.FAILED:   # pop_ended() takes it
                 continue
-            if self._sender.poll(pr.room) < S.WAITING_FOR_INPUT:
+            if state == S.BOOTSTRAPPING:
                 if early <= 0:
                     continue
                 early -= 1

@@ -180,7 +180,8 @@ class PrefillNode:
         if not self.max_early_prefills:
             return 0
         early = sum(1 for pr in self.requests.values()
-                    if pr.phase > P.BOOTSTRAP and self.sender.poll(pr.room) == TransferState.BOOTSTRAPPING)
+                    if pr.phase > P.BOOTSTRAP and not pr.aborting
+                    and self.sender.poll(pr.room) == TransferState.BOOTSTRAPPING)
         return max(0, self.max_early_prefills - early)
 
     def _on_outputs(self, outputs: list[StepOutput]) -> None:

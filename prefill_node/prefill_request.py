@@ -54,8 +54,8 @@ class PrefillRequest:
     def timings(self) -> dict[str, float]:
         """Seconds per phase from the start times that exist (bootstrap_s: before the engine took
         it, ~0 when admitted early), and the handoff itself by the sender loop's own clock: the write
-        armed waiting for a destination that came after the prefill (armed_s), bytes moving
-        (kv_write_s), then the receiver's Done (kv_ack_s)."""
+        armed waiting for a destination that came after the prefill (armed_s, only then), bytes
+        moving (kv_write_s), then the receiver's Done (kv_ack_s)."""
         t = self.t
         out = {}
         for name, a, b in (("bootstrap_s", "arrived", "bootstrapped"), ("queue_s", "bootstrapped", "scheduled"),
@@ -69,6 +69,6 @@ class PrefillRequest:
                 and rec.t_done is not None:
             out["kv_write_s"] = rec.t_landed - rec.t_posted
             out["kv_ack_s"] = rec.t_done - rec.t_landed
-            if "prefilled" in t:  # durations on both clocks: the room opened as the request arrived
-                out["armed_s"] = max(0.0, (rec.t_posted - rec.t_added) - (t["prefilled"] - t["arrived"]))
+            if rec.t_armed is not None:
+                out["armed_s"] = rec.t_posted - rec.t_armed
         return out

@@ -19,7 +19,7 @@ from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, gpus_per_node
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
-from raypd.conductor.config import ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
+from raypd.conductor.config import TPOT_TARGET_SHARE, ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.topology import Topology
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.protocol.duty import Duty
@@ -206,11 +206,6 @@ class NodeCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-# The share of the TPOT target at which decode steps call for another decode node: moved before the
-# target breaks, since a node's move takes a drain (its old duty's work) and a cooldown.
-TPOT_TARGET_SHARE = 0.8
 
 
 def conductor_config(spec: ClusterSpec, policy: str) -> ConductorConfig:

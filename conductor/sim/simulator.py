@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from raypd.conductor.config import DutyPlannerConfig, LocalPrefillConfig
+from raypd.conductor.config import TPOT_TARGET_SHARE, DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.core import ConductorCore
 from raypd.conductor.errors import AdmissionRejected
 from raypd.conductor.planners.migration import MigrationPlan
@@ -88,7 +88,7 @@ class Simulation:
         flex = "flex" in flags
         if flex and "duties" not in overrides:
             overrides["duties"] = DutyPlannerConfig(min_prefill_nodes=0 if "local" in flags else 1,
-                                                    decode_busy_step_s=0.8 * profile.tpot_slo_s)
+                                                    decode_busy_step_s=TPOT_TARGET_SHARE * profile.tpot_slo_s)
         self.duty: dict[str, Duty] = {}          # flex nodes' duty, as the node itself holds it
         self.duty_order: dict[str, float] = {}   # and the stamp of the order it last took
         cfg = conductor_config(profile, base, migration=migration or "migration" in flags,

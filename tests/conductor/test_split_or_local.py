@@ -196,3 +196,15 @@ def test_local_decisions_round_trip_through_to_dict():
     core.report_load(load("p0", "prefill", queued=8192, speed=SPEED))
     d = core.route("chat", CHAT).to_dict()
     assert d["path"] == "local" and d["local"]["node"] == "d0" and d["local"]["chosen"] is True
+
+
+def test_the_handoff_reads_the_live_decode_node_after_a_restart_on_another_slot():
+    """A node that died and came back on another slot is found there, not on its dead slot."""
+    core = make(replace(ON, tpot_weight=1e9))
+    core.register_node("d1", "decode", host())
+    core.mark_dead("d0", "gone")
+    core.mark_dead("d1", "gone")
+    core.register_node("d0", "decode", host())     # takes d1's freed slot
+    core.report_load(load("d0", "decode", running=6, speed=0.0))
+    d = core.route("chat", CHAT)
+    assert d.decode_node == "d0" and d.local.split_handoff_s > 0   # the live slot's running sequences

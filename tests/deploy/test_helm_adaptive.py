@@ -6,7 +6,7 @@ from __future__ import annotations
 import helm_python
 import pytest
 
-from raypd.cluster.serve.config import ServeConfig
+from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 
 
 def test_adaptive_values_become_app_args_and_the_cluster_spec(render):
@@ -22,6 +22,10 @@ def test_a_tpot_target_reaches_the_cluster_spec(render):
     assert ServeConfig.from_args(dict(args)).cluster_spec().tpot_target_s == 0.15
     with pytest.raises(helm_python.HelmValuesError, match="tpotTarget"):
         render({"serve": {"adaptive": True, "tpotTarget": 0}})
+    # Without adaptive there is no duty planner to steer: the app refuses it, as `raypd serve` does.
+    alone = render({"serve": {"tpotTarget": 0.15}}).app_args
+    with pytest.raises(ServeConfigError, match="needs --adaptive"):
+        ServeConfig.from_args(dict(alone))
 
 
 def test_adaptive_off_by_default(render):

@@ -22,11 +22,11 @@ from tests.node.pd import (
     ENGINE,
     GREEDY,
     PATIENT,
+    WAIT_S,
     assert_idle,
     prompt,
     request,
     stop_nodes,
-    WAIT_S,
     stream_tokens,
     wait_held,
     wait_queue,
@@ -80,8 +80,9 @@ def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_l
     assert [stream_tokens(sink, end) for end in ends] == want
     for res, end in zip(prefilled, ends):
         assert isinstance(res, PrefillResult) and res.ok and res.error is None
-        assert set(res.timings) == {"bootstrap_s", "queue_s", "prefill_s", "transfer_s", "total_s",
-                                    "kv_write_s", "kv_ack_s", "armed_s"}
+        assert {"bootstrap_s", "queue_s", "prefill_s", "transfer_s", "total_s", "kv_write_s",
+                "kv_ack_s"} <= set(res.timings) <= {"bootstrap_s", "queue_s", "prefill_s", "transfer_s", "total_s",
+                                                    "kv_write_s", "kv_ack_s", "armed_s"}   # armed_s: when the prefill won
         assert end.final.finish_reason in ("stop", "length") and end.final.error is None
         assert set(end.final.timings) >= {"prealloc_s", "kv_wait_s", "total_s"}
     assert p_stats["completed"] >= 3 and p_stats["queues"] == {"bootstrap": 0, "queued": 0, "inflight": 0,

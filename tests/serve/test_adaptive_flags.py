@@ -7,8 +7,9 @@ import pytest
 
 from raypd.cluster.cli.main import build_parser
 from raypd.cluster.cli.serve import config_from_args
-from raypd.cluster.launch.local_cluster import TPOT_TARGET_SHARE, ClusterSpec, conductor_config
+from raypd.cluster.launch.local_cluster import ClusterSpec, conductor_config
 from raypd.cluster.serve.config import ServeConfigError
+from raypd.conductor.config import TPOT_TARGET_SHARE
 
 
 def serve_config(*argv: str):

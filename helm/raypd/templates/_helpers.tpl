@@ -159,8 +159,8 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- if .Values.serve.adaptive -}}
 {{- $_ := set $args "adaptive" true -}}
 {{- $_ := set $args "local_prefill_budget" (int .Values.serve.localPrefillBudget) -}}
-{{- if not (kindIs "invalid" .Values.serve.tpotTarget) -}}{{- $_ := set $args "tpot_target_s" (float64 .Values.serve.tpotTarget) -}}{{- end -}}
 {{- end -}}
+{{- if not (kindIs "invalid" .Values.serve.tpotTarget) -}}{{- $_ := set $args "tpot_target_s" (float64 .Values.serve.tpotTarget) -}}{{- end -}}
 {{- with .Values.serve.admission -}}
 {{- if not (kindIs "invalid" .ttftSlo) -}}{{- $_ := set $args "ttft_slo_s" (float64 .ttftSlo) -}}{{- end -}}
 {{- if not (kindIs "invalid" .maxOngoingRequests) -}}{{- $_ := set $args "max_ongoing_requests" (int .maxOngoingRequests) -}}{{- end -}}
