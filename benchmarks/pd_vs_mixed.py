@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--burst-len", type=int, default=1024)
     ap.add_argument("--burst-tokens", type=int, default=8)
     ap.add_argument("--cpus-per-node", type=float, default=1.0)
-    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, adaptive, pd-local, pd-srpt, mixed-srpt")
+    ap.add_argument("--systems", default="pd,mixed", help="any of pd, mixed, adaptive, pd-local, pd-srpt, mixed-srpt, adaptive-srpt")
     ap.add_argument("--mix", default="bursty", help=f"workloads, a comma list of {', '.join(MIXES)}")
     ap.add_argument("--slo-ttft", type=float, default=5.0, metavar="S", help="goodput: TTFT at most S seconds")
     ap.add_argument("--slo-tpot", type=float, default=0.25, metavar="S", help="goodput: TPOT at most S seconds")
@@ -230,7 +230,10 @@ def main(argv: list[str] | None = None) -> dict:
                                      local_prefill_budget=args.local_prefill_budget, **common),
              # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
              "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),
-             "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt)}
+             "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt),
+             "adaptive-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
+                                          local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot,
+                                          **srpt)}
     if unknown := set(args.systems.split(",")) - specs.keys():
         ap.error(f"unknown systems {sorted(unknown)}; known: {', '.join(specs)}")
     mixes = args.mix.split(",")
