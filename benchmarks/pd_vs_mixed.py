@@ -217,23 +217,23 @@ def main(argv: list[str] | None = None) -> dict:
     common = dict(cpus_per_node=args.cpus_per_node, engine_options={"num_blocks": 2048},
                   transfer_options={"backend": args.transfer_backend})
     srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
+
+    def adaptive(base: dict) -> ClusterSpec:
+        return ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
+                           local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot, **base)
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
              "mixed": ClusterSpec(mixed_nodes=2, **common),
              # raypd serve --adaptive --tpot-target <--slo-tpot>: flex nodes (1 prefill + 1 decode to
              # start) whose duties the Conductor moves, and split or local per request; decode counts as
              # pressed (an idle prefill node may take up decode) when its steps pass 0.8 x the target
-             "adaptive": ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
-                                     local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot,
-                                     **common),
+             "adaptive": adaptive(common),
              # the fixed PD pair with split or local per request only
              "pd-local": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
                                      local_prefill_budget=args.local_prefill_budget, **common),
              # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
              "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),
              "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt),
-             "adaptive-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
-                                          local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot,
-                                          **srpt)}
+             "adaptive-srpt": adaptive(srpt)}
     if unknown := set(args.systems.split(",")) - specs.keys():
         ap.error(f"unknown systems {sorted(unknown)}; known: {', '.join(specs)}")
     mixes = args.mix.split(",")

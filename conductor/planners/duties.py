@@ -144,7 +144,8 @@ class DutyPlanner:
     def plan(self, now: float, s: DutySignals) -> DutyOrder | None:
         """The order this state calls for, if any (the caller carries it out and calls ordered())."""
         c = self.config
-        # while a node drains it counts on neither side, so both pressures read high: no hold runs
+        # One change at a time; while a node drains it counts on neither side, so both pressures
+        # read high: no hold runs and nothing is ordered (but a repair).
         wants = self._wants(s) if all(f.duty.settled for f in s.flex) else {}
         for duty in self._since:
             self._since[duty] = min(self._since[duty], now) if duty in wants else math.inf
@@ -153,8 +154,6 @@ class DutyPlanner:
         if (order := self._repair(now, s)) is not None:
             return self._record(order)
         if now - self._last_order_at < c.cooldown_s * self.backoff:
-            return None
-        if any(not f.duty.settled for f in s.flex):   # one change at a time
             return None
         for duty, why in sorted(wants.items(), key=lambda kv: -kv[1][0]):   # the side in more trouble first
             if now - self._since[duty] >= c.hold_s:
