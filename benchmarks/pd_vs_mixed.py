@@ -37,6 +37,7 @@ from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import Router
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
+from raypd.conductor.config import LocalPrefillConfig
 from raypd.engine.model.source import resolve_model
 from raypd.engine.tokenizer import Tokenizer
 from raypd.protocol.sampling_params import SamplingParams
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--slo-tpot", type=float, default=0.25, metavar="S", help="goodput: TPOT at most S seconds")
     ap.add_argument("--local-prefill-budget", type=int, default=32, metavar="TOKENS",
                     help="adaptive, pd-local: prompt tokens a decode node computes per step on the local path")
+    ap.add_argument("--local-tpot-weight", type=float, default=None, metavar="W",
+                    help="adaptive, pd-local: LocalPrefillConfig.tpot_weight (default: the Conductor's)")
     ap.add_argument("--transfer-backend", default="nixl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
@@ -218,9 +221,12 @@ def main(argv: list[str] | None = None) -> dict:
                   transfer_options={"backend": args.transfer_backend})
     srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
 
+    local = {} if args.local_tpot_weight is None else {"conductor_options": {"local_prefill": LocalPrefillConfig(
+        enabled=True, step_budget_tokens=args.local_prefill_budget, tpot_weight=args.local_tpot_weight)}}
+
     def adaptive(base: dict) -> ClusterSpec:
         return ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
-                           local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot, **base)
+                           local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot, **base, **local)
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
              "mixed": ClusterSpec(mixed_nodes=2, **common),
              # raypd serve --adaptive --tpot-target <--slo-tpot>: flex nodes (1 prefill + 1 decode to
@@ -229,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
              "adaptive": adaptive(common),
              # the fixed PD pair with split or local per request only
              "pd-local": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
-                                     local_prefill_budget=args.local_prefill_budget, **common),
+                                     local_prefill_budget=args.local_prefill_budget, **common, **local),
              # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
              "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),
              "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt),

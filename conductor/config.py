@@ -70,11 +70,9 @@ class LocalPrefillConfig:
     # Prompt tokens a decode node computes per step after its decodes; the nodes' engines must use
     # the same (EngineConfig.max_prefill_tokens_per_step; `raypd serve --adaptive` sets both).
     step_budget_tokens: int = 32
-    # Seconds of TPOT a decode node's running requests gain from a local prompt, summed, counted
-    # against one second of this request's TTFT (split_or_local.py): higher protects TPOT more.
-    # A TPOT second is every token of a request a second later, so 1 weighs a stall spread over L
-    # tokens at 1/L of the whole stall; an operator who counts the whole stall (minimal total wait,
-    # as before mean_output_tokens existed) sets it near the mean output length.
+    # Seconds of stall a local prompt puts on a decode node's running requests, summed over them,
+    # counted against one second of this request's TTFT (split_or_local.py): 1 is the least total
+    # wait; higher protects the running requests' token streams more, lower favours new requests.
     tpot_weight: float = 1.0
 
     def __post_init__(self) -> None:

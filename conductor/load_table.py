@@ -14,7 +14,7 @@ import numpy as np
 from raypd.protocol.messages import LoadReport
 
 _FIELDS = ("queued", "speed", "waiting", "running", "inflight", "free_blocks", "total_blocks",
-           "cached_blocks", "step_time", "output_tokens", "pending_tokens", "pending_decode", "pending_decode_tokens")
+           "cached_blocks", "step_time", "pending_tokens", "pending_decode", "pending_decode_tokens")
 
 
 class LoadTable:
@@ -35,7 +35,6 @@ class LoadTable:
         self.total_blocks = np.zeros(0)
         self.cached_blocks = np.zeros(0)
         self.step_time = np.zeros(0)
-        self.output_tokens = np.zeros(0)         # mean tokens per finished request (0: none yet)
         # per slot, routed since the last report:
         self.pending_tokens = np.zeros(0)        # prefill tokens
         self.pending_decode = np.zeros(0)        # requests
@@ -89,8 +88,6 @@ class LoadTable:
             self.step_time[slot] = r.step_time_s
         if r.prefill_tokens_per_s > 0:
             self.speed[slot] = r.prefill_tokens_per_s
-        if r.mean_output_tokens > 0:
-            self.output_tokens[slot] = r.mean_output_tokens
         # A report stamped t covers every request routed before t; timestamp 0 means "now".
         self.pending_tokens[slot] = _expire(self._pending[slot], r.timestamp)
         dec = self._pending_dec[slot]

@@ -15,13 +15,12 @@ The local path on decode node d, which computes at most B prompt tokens per step
                  running, waiting for KV or routed to it, the capped estimate holds: it will decode
                  during the prompt's steps)
     tbt_d      = step_d + prefill(min(B, U_d))      one step of its running requests while it prefills
-    cost_d     = b_d x prefill(U_d) / L_d           the TPOT all b_d decoding requests gain, summed:
-                                                    each spreads the stall over its L_d output tokens
+    cost_d     = b_d x prefill(U_d)                 the stall all b_d decoding requests take, summed:
+                                                    each of them ends that much later
 
 with b_d the sequences it decodes now (its last report's running; not those waiting for their KV
 or routed since, most of which are still being prefilled elsewhere while a local prompt runs),
-L_d the node's mean output tokens per finished request (LoadReport.mean_output_tokens; 1 before
-it finished any: the stall then counts whole, as an ITL would), step_d the decode step time at b_d
+step_d the decode step time at b_d
 (estimates.DecodeStepModel; at least one sequence's, which is what a step costs beside its chunk:
 the weights are read either way) and prefill the fitted prefill time model at the prefill nodes'
 measured speed (a decode node's own report counts decode tokens, not prompt tokens).
@@ -37,9 +36,18 @@ prefill_node/bootstrap_stage.py):
 
 (A prefill node with early admission off, or its early slots full, waits for the reservation
 before computing: the handoff then understates the split path by up to a step.) The Conductor goes
-local on the d minimising ttft_d + tpot_weight x cost_d when that beats the split path, the prompt fits d's free KV, and (with a TBT SLO) tbt_d stays inside it.
-The same request then costs no prefill-node queue and no KV transfer, and the decode node's
-running requests pay for it in TPOT, which is what the weight prices.
+local on the d minimising ttft_d + tpot_weight x cost_d when that beats the split path, the prompt
+fits d's free KV, and (with a TBT SLO) tbt_d stays inside it. The same request then costs no
+prefill-node queue and no KV transfer, and the decode node's running requests pay for it in their
+token streams, which is what the weight prices.
+
+Why the whole stall and not the stall spread over each running request's output tokens (the TPOT
+each gains, which is smaller by the mean output length): with prefill nodes that start a prompt
+before its decode side is ready the split path costs little more than the local one, and every
+local prompt takes decode-node time that the running requests' completions, and so the next
+requests of a loaded deployment, wait for. Priced per token, a decode node took ~25 local prompts
+per minute and lost 3-10% of goodput to static PD; priced whole, it takes the few whose split path
+waits behind a long prefill queue (docs/benchmarks.md, "Split or local priced as the whole stall").
 
 Every decision records the inputs (LocalEstimate), so `path` can be explained afterwards. With no
 live prefill node at all, the local path serves every request a decode node has room for (Dynamo's
@@ -66,7 +74,7 @@ class LocalEstimate:
     steps: int                  # steps until the prompt is computed, B tokens at a time
     ttft_s: float
     tbt_s: float                # its step time while it prefills
-    tpot_cost_s: float          # TPOT its running sequences gain, summed
+    tpot_cost_s: float          # the stall its running sequences take, summed
     split_ttft_s: float         # the split path's estimate, its handoff included
     split_handoff_s: float = 0.0  # of which the split decode node's step boundaries
     chosen: bool = False
@@ -104,8 +112,7 @@ def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefil
     ttft = np.where(idle, 0.0, (steps + 0.5) * step) + model.estimate(queued + new, cached, speed)
     # With nothing decoding no one pays a chunk: the TBT that matters is the request's own.
     tbt = step + np.where(running > 0, model.estimate(np.minimum(budget, new), cached, speed), 0.0)
-    spread = np.maximum(table.output_tokens[slots], 1.0)
-    cost = running * model.estimate(new, cached, speed) / spread
+    cost = running * model.estimate(new, cached, speed)
     score = ttft + cfg.tpot_weight * cost
     i = int(np.argmin(score))
     est = LocalEstimate(view.names[int(slots[i])], int(cached[i]), float(queued[i]), float(running[i]),
@@ -113,7 +120,7 @@ def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefil
     if tbt_slo_s is not None and est.tbt_s > tbt_slo_s:
         est.why = f"its TBT while prefilling ({est.tbt_s * 1e3:.0f} ms) breaks the TBT SLO"
     elif float(score[i]) >= split_ttft_s:
-        est.why = "the split path is faster" + (" once the TPOT its running requests gain is counted" if est.tpot_cost_s else "")
+        est.why = "the split path is faster" + (" once the stall its running requests take is counted" if est.tpot_cost_s else "")
     else:
         est.chosen = True
     return est

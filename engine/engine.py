@@ -51,7 +51,6 @@ class EngineLoad:
     free_blocks: int            # free plus evictable cached blocks: what a new request can get
     cached_blocks: int
     total_blocks: int
-    mean_output_tokens: float = 0.0  # tokens generated per finished request, moving average (0: none yet)
 
 
 class LLMEngine:
@@ -85,7 +84,6 @@ class LLMEngine:
         self.reservations: dict[object, list[int]] = {}  # PD decode: blocks waiting for a transfer
         self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)
         self._left_waiting = 0     # requests the last step's schedule did not admit
-        self.mean_output_tokens = 0.0  # per finished request (moving average): what a stall is spread over
         self._ids = itertools.count()
 
         per_block = PagedKVCache.bytes_per_block(mc, cfg.block_size, dtype)
@@ -314,8 +312,6 @@ class LLMEngine:
             return StepOutput(req.request_id, [token], True, "prefilled", req.num_cached_tokens or 0)
         status = self._stop_status(req, token)
         if status is not None:
-            n = req.num_output_tokens
-            self.mean_output_tokens = n if not self.mean_output_tokens else 0.9 * self.mean_output_tokens + 0.1 * n
             self.scheduler.finish(req, status)
             self.sampler.release(req.request_id)
             del self.requests[req.request_id]
@@ -337,7 +333,7 @@ class LLMEngine:
                      for r in (*sched.waiting, *sched.running))
         return EngineLoad(len(sched.waiting), len(sched.running), queued,
                           self.allocator.num_free + self.prefix_cache.num_evictable_blocks,
-                          self.prefix_cache.num_cached_blocks, self.num_blocks, self.mean_output_tokens)
+                          self.prefix_cache.num_cached_blocks, self.num_blocks)
 
     def num_backlogged(self) -> int:
         """Requests the last step left waiting (no running slot or no memory for them) that still

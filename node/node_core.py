@@ -181,7 +181,7 @@ class NodeCore:
             waiting=load.waiting + waiting, running=load.running, free_blocks=load.free_blocks,
             total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=inflight,
             step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
-            duty=duty, duty_order=duty_order, mean_output_tokens=load.mean_output_tokens)
+            duty=duty, duty_order=duty_order)
         self.metrics.observe(report, stats)
         return report
 

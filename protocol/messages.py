@@ -132,7 +132,6 @@ class LoadReport:
     timestamp: float = 0.0
     duty: str = ""                 # a flex node's Duty (protocol/duty.py); "" for a node with a fixed role
     duty_order: float = 0.0        # the stamp of the last duty order it took (the Conductor's clock; 0: none)
-    mean_output_tokens: float = 0.0  # tokens generated per request finished here, moving average (0: none yet)
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,6 @@ class SimDecodeNode:
         self.last = 0.0
         self.version = 0                # invalidates stale completion events
         self.step_s = 0.0
-        self.mean_output_tokens = 0.0   # per finished request, moving average (as the engine reports it)
 
     def _step(self) -> float:
         p = self.profile
@@ -219,9 +218,6 @@ class SimDecodeNode:
                 t = now
         self.last = now
         self.step_s = self._step() if self.running else 0.0
-        for out in done:
-            n = out.req.output_len
-            self.mean_output_tokens = n if not self.mean_output_tokens else 0.9 * self.mean_output_tokens + 0.1 * n
         return done
 
     def _progress(self, steps: float) -> None:

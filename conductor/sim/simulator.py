@@ -280,8 +280,7 @@ class Simulation:
                            waiting=len(node.waiting) + node.inflight + len(node.local),
                            running=len(node.running), free_blocks=int(node.free_tokens // bs),
                            total_blocks=int(self.profile.decode_kv_tokens // bs), cached_blocks=0,
-                           inflight=node.inflight, step_time_s=node.step_s, timestamp=self.now,
-                           mean_output_tokens=node.mean_output_tokens)
+                           inflight=node.inflight, step_time_s=node.step_s, timestamp=self.now)
         self.core.report_load(r)
 
     # -- flex nodes ---------------------------------------------------------------------------
@@ -302,8 +301,7 @@ class Simulation:
                           inflight=d.inflight, step_time_s=d.step_s,   # decode steps only: a prefill's
                           # duration is no step time, and the planner reads this as TPOT
                           prefill_tokens_per_s=p.speed_ewma, timestamp=self.now,
-                          duty=self.duty[name].value, duty_order=self.duty_order[name],
-                          mean_output_tokens=d.mean_output_tokens)
+                          duty=self.duty[name].value, duty_order=self.duty_order[name])
 
     def _settle(self, name: str) -> None:
         """End a drain once the old half holds nothing (FlexNode._settle)."""

@@ -45,11 +45,10 @@ def batch(node: str, *events) -> KVEventBatch:
 
 def load(node: str, role: str = "prefill", queued: int = 0, speed: float = 1000.0, running: int = 0,
          free_blocks: int = 1000, total_blocks: int = 1000, step_time_s: float = 0.0,
-         timestamp: float = 0.0, mean_output_tokens: float = 0.0) -> LoadReport:
+         timestamp: float = 0.0) -> LoadReport:
     return LoadReport(node_name=node, role=role, queued_prefill_tokens=queued, waiting=0, running=running,
                       free_blocks=free_blocks, total_blocks=total_blocks, cached_blocks=0,
-                      step_time_s=step_time_s, prefill_tokens_per_s=speed, timestamp=timestamp,
-                      mean_output_tokens=mean_output_tokens)
+                      step_time_s=step_time_s, prefill_tokens_per_s=speed, timestamp=timestamp)
 
 
 class FakeClock:

@@ -51,7 +51,7 @@ def test_a_long_prompt_stays_split_while_the_decode_node_is_busy():
     d = core.route("doc", DOC)
     assert d.path == "split" and d.prefill_node == "p0" and d.decode_node == "d0"
     assert d.local is not None and not d.local.chosen
-    assert "TPOT" in d.local.why and d.local.tpot_cost_s > d.local.split_ttft_s
+    assert "stall" in d.local.why and d.local.tpot_cost_s > d.local.split_ttft_s
 
 
 def test_the_same_long_prompt_goes_local_on_an_idle_decode_node_behind_a_long_queue():
@@ -110,19 +110,20 @@ def test_tpot_weight_prices_the_running_requests_stall():
     assert paths == {0.0: "local", 10.0: "split"}
 
 
-def test_the_stall_is_spread_over_the_output_tokens_the_decode_node_sees_per_request():
-    """Before a decode node finished a request the stall counts whole (as an ITL); once it reports
-    its mean output length, each running request's TPOT grows by the stall over that length."""
-    queue = load("p0", "prefill", queued=300, speed=SPEED)
-    paths, costs = {}, {}
-    for mean_out in (0.0, 256.0):
-        core = make()
-        core.report_load(queue)
-        core.report_load(load("d0", "decode", running=8, speed=0.0, mean_output_tokens=mean_out))
-        d = core.route("chat", CHAT)
-        paths[mean_out], costs[mean_out] = d.path, d.local.tpot_cost_s
-    assert paths == {0.0: "split", 256.0: "local"}
-    assert costs[0.0] == pytest.approx(256 * costs[256.0])
+def test_the_stall_counts_whole_for_each_running_request():
+    """A local prompt delays every running request's remaining tokens by its prefill: the cost is the
+    stall times the sequences decoding, so a short queue at the prefill node keeps a chat prompt split
+    on a busy decode node, and only a long one sends it local."""
+    costs, paths = {}, {}
+    for running in (4, 8):
+        for queued in (200, 8192):
+            core = make()
+            core.report_load(load("p0", "prefill", queued=queued, speed=SPEED))
+            core.report_load(load("d0", "decode", running=running, speed=0.0))
+            d = core.route("chat", CHAT)
+            costs[running], paths[running, queued] = d.local.tpot_cost_s, d.path
+    assert costs[8] == pytest.approx(2 * costs[4]) and costs[4] > 4 * len(CHAT) / SPEED * 0.9
+    assert paths == {(4, 200): "split", (8, 200): "split", (4, 8192): "local", (8, 8192): "local"}
 
 
 def test_the_split_path_pays_its_decode_nodes_step_boundaries():

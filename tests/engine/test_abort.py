@@ -42,18 +42,3 @@ def test_abort_after_retraction(make_llm):
     for r in rids:
         eng.abort(r)
     assert not eng.has_unfinished()
-
-
-def test_the_load_carries_the_mean_output_length_of_finished_requests_only(make_llm):
-    """What the Conductor spreads a local prompt's stall over: finished requests count, aborted
-    ones do not (their length says nothing about what the node's requests generate)."""
-    eng = make_llm().engine
-    assert eng.load().mean_output_tokens == 0
-    aborted = eng.add_request([7, 8, 9, 10], SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
-    eng.add_request([1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    _run_until(eng, lambda: eng.requests[aborted].num_output_tokens > 5)
-    eng.abort(aborted)
-    assert eng.load().mean_output_tokens == 4
-    eng.add_request([4, 5, 6], SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True))
-    _run_until(eng, lambda: not eng.has_unfinished())
-    assert eng.load().mean_output_tokens == 0.9 * 4 + 0.1 * 14
