@@ -12,11 +12,22 @@
                                                                            weight are the time
     dequantized  int8, widened per call           any device               int8 where the kernel is
                  (quantization.py)                                         missing: same numbers, slower
+    row-split    bfloat16, twice: the C kernel's  CPU with AMX or          the C kernel for a few rows
+                 layout and oneDNN's packed one   AVX512-BF16 and the      (weight bytes are the time),
+                                                  C kernel                 oneDNN's bf16 tiles from
+                                                                           ROW_SPLIT_MIN_ROWS rows on
+                                                                           (prefill chunks, big decode
+                                                                           batches: arithmetic is the
+                                                                           time; 0.6-1.8 TFLOP/s against
+                                                                           the kernel's ~0.1)
 
 oneDNN's pair of ops is internal to torch (torch.ops.mkldnn._reorder_linear_weight /
 _linear_pointwise, exposed for its compiler), so they are probed before use; torch's own bf16 and
 int8 CPU matmuls are 2-10x slower than float32 on a CPU without AVX-512, hence the C kernel for
-narrow weights (docs/benchmarks.md).
+narrow weights (docs/benchmarks.md). On a CPU with bf16 matrix units (AMX tiles, AVX512-BF16)
+oneDNN's bf16 GEMM is 3-6x its float32 one from 32 rows up, and as fast as the C kernel at one row
+(docs/benchmarks.md): there bf16 weights are kept in both layouts (row-split), which costs the
+memory of float32 weights.
 """
 from __future__ import annotations
 
@@ -32,7 +43,10 @@ from raypd.engine.model.native_linear import NativeLinear
 from raypd.engine.model.quantization import DequantizedLinear
 
 PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; measured best for 1..512
-LinearKind = Literal["torch", "onednn", "native", "dequantized"]
+# Rows from which a row-split projection leaves the C kernel for oneDNN's bf16 GEMM (measured on
+# AMX: docs/benchmarks.md); a decode step with fewer sequences still runs the fused C layers.
+ROW_SPLIT_MIN_ROWS = 8
+LinearKind = Literal["torch", "onednn", "native", "dequantized", "row-split"]
 
 
 class Linear(Protocol):
@@ -67,6 +81,26 @@ class PackedLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
+class RowSplitLinear:
+    """One projection's bf16 weights twice: few rows through the C kernel, many through oneDNN."""
+    packed = False
+
+    def __init__(self, narrow: NativeLinear, wide: PackedLinear, min_rows: int = ROW_SPLIT_MIN_ROWS):
+        self.narrow, self.wide, self.min_rows = narrow, wide, min_rows
+        self.out_features, self.in_features = narrow.out_features, narrow.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        return self.narrow(x) if rows < self.min_rows else self.wide(x)
+
+
+def narrow_kernel(linear: object) -> NativeLinear | None:
+    """The C-kernel projection a linear runs its few-row calls on (native_decoder.py), if any."""
+    if isinstance(linear, RowSplitLinear):
+        return linear.narrow
+    return linear if isinstance(linear, NativeLinear) else None
+
+
 @dataclass(frozen=True, slots=True)
 class LinearFactory:
     """Builds every projection of a model the same way: factory(weight, bias) -> Linear."""
@@ -80,6 +114,10 @@ class LinearFactory:
         if self.kind == "native":
             assert self.weight_format != "engine dtype", "the native kernel is for narrow weights"
             return NativeLinear(weight, bias, self.weight_format, weight.dtype, self.num_threads)
+        if self.kind == "row-split":
+            assert self.weight_format == "bfloat16", "row-split projections are bf16"
+            return RowSplitLinear(NativeLinear(weight, bias, "bfloat16", weight.dtype, self.num_threads),
+                                  PackedLinear(weight, bias))
         if self.kind == "dequantized":
             assert self.weight_format in ("int8", "int8-g32"), "dequantized projections are int8"
             return DequantizedLinear(weight, bias, self.weight_format)
@@ -113,6 +151,8 @@ def choose_linears(device: torch.device, dtype: torch.dtype, quantization: str, 
         return LinearChoice(LinearFactory("onednn") if why_not is None else slow, why_not)
     why_not = native_unavailable(device, dtype)
     if why_not is None:
+        if narrow == "bfloat16" and bf16_matrix_units() and packing_unavailable(device, dtype) is None:
+            return LinearChoice(LinearFactory("row-split", narrow, num_threads), None)
         return LinearChoice(LinearFactory("native", narrow, num_threads), None)
     if narrow == "bfloat16" and packing_unavailable(device, dtype) is None:
         return LinearChoice(LinearFactory("onednn"), why_not)
@@ -130,6 +170,12 @@ def native_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     except KernelUnavailable as e:
         return str(e)
     return None
+
+
+def bf16_matrix_units() -> bool:
+    """True when this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16), where
+    oneDNN's bf16 GEMM outruns both its float32 one and the C kernel from a few rows up."""
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
 def packing_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:

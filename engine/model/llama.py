@@ -77,7 +77,8 @@ class LlamaModel:
                        for lw in weights.layers]
         self.lm_head = linears(weights.lm_head, None)
         # Decode-only steps run every layer in one C call when all projections are on the C kernel
-        # (native_decoder.py; it refuses layers with a q/k norm); otherwise, and for prefill, the loop.
+        # (native_decoder.py; it refuses layers with a q/k norm; with row-split projections only steps
+        # of fewer rows than they leave the kernel at); otherwise, and for prefill, the loop.
         decoder = NativeDecoder.for_layers(cfg, self.layers, dtype, linears.num_threads)
         self.decoder: NativeDecoder | None = decoder if isinstance(decoder, NativeDecoder) else None
         self.rope = RotaryTable(cfg, device, dtype)
@@ -91,7 +92,7 @@ class LlamaModel:
         cos, sin = self.rope.lookup(positions)
         heads = cfg.num_heads
         layers = self.layers
-        if self.decoder is not None and NativeDecoder.serves(meta):
+        if self.decoder is not None and NativeDecoder.serves(meta) and self.decoder.fits(input_ids.shape[0]):
             h, layers = self.decoder(h, cos, sin, kv, meta), []
         for i, lw in enumerate(layers):
             x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)

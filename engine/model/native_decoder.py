@@ -5,7 +5,9 @@ on a small CPU those ops cost more than streaming the layer's int8 weights (docs
 The C loop computes what llama.py's layer loop computes, in the engine's dtype, through the same
 projection kernel (native_linear.py) and decode-attention kernel (native_attention.py). It serves
 steps whose every token is a decode on the native attention path; anything else (prefill chunks,
-mixed steps, the torch path) goes through llama.py's loop as before.
+mixed steps, the torch path) goes through llama.py's loop as before. With row-split projections
+(linear.py) it takes their C-kernel half, and only steps of fewer rows than they leave the kernel at:
+a bigger batch runs faster through the loop on oneDNN's bf16 GEMM.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from raypd.engine.cache.kv_cache import PagedKVCache
 from raypd.engine.model import native_build
 from raypd.engine.model.attention import AttentionMetadata
 from raypd.engine.model.config import ModelConfig
+from raypd.engine.model.linear import RowSplitLinear, narrow_kernel
 from raypd.engine.model.native_build import KernelUnavailable
 from raypd.engine.model.native_linear import NativeLinear
 
@@ -61,10 +64,12 @@ class NativeDecoder:
 
     def __init__(self, cfg: ModelConfig, input_norms: Sequence[torch.Tensor], post_norms: Sequence[torch.Tensor],
                  projections: Sequence[tuple[NativeLinear, NativeLinear, NativeLinear, NativeLinear]],
-                 dtype: torch.dtype, num_threads: int):
-        """projections: (qkv, o, gate_up, down) per layer; norms in `dtype`."""
+                 dtype: torch.dtype, num_threads: int, max_rows: int | None = None):
+        """projections: (qkv, o, gate_up, down) per layer; norms in `dtype`; max_rows: the most
+        sequences a step may have for this decoder to serve it (None: any)."""
         self._fn = _load_library().raypd_decode_layers
         self.dtype = dtype
+        self.max_rows = max_rows
         self.num_threads = max(1, num_threads)
         # The structs point into these tensors and the projections' own structs: keep them alive.
         self._keep = [*input_norms, *post_norms, *projections]
@@ -92,16 +97,18 @@ class NativeDecoder:
         why_not = cls.unavailable(cfg, projections, dtype)
         if why_not is not None:
             return why_not
-        native = [tuple(p for p in ps if isinstance(p, NativeLinear)) for ps in projections]
+        native = [tuple(narrow_kernel(p) for p in ps) for ps in projections]
+        splits = [p.min_rows for ps in projections for p in ps if isinstance(p, RowSplitLinear)]
         return cls(cfg, [layer.input_norm for layer in layers], [layer.post_norm for layer in layers],
-                   native, dtype, num_threads)  # type: ignore[arg-type]
+                   native, dtype, num_threads, min(splits) - 1 if splits else None)  # type: ignore[arg-type]
 
     @staticmethod
     def unavailable(cfg: ModelConfig, projections: Sequence[Sequence[object]], dtype: torch.dtype) -> str | None:
         """None when these projections (qkv, o, gate_up, down per layer) can run here, else why not."""
         if dtype not in (torch.float32, torch.bfloat16):
             return f"no fused decode layers in {dtype}"
-        if not all(isinstance(p, NativeLinear) and p.activation_dtype == dtype for ps in projections for p in ps):
+        kernels = [narrow_kernel(p) for ps in projections for p in ps]
+        if not all(k is not None and k.activation_dtype == dtype for k in kernels):
             return f"the projections are not all on the narrow-weight kernel with {dtype} activations"
         if cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > 16 or cfg.head_dim > 256:
             return "the attention shape is outside the decode kernel's limits"
@@ -115,6 +122,10 @@ class NativeDecoder:
     def serves(meta: AttentionMetadata) -> bool:
         """True for a step of decode tokens only, in batch order, on the native attention path."""
         return not meta.prefills and meta.decode is not None and meta.decode.tables is not None
+
+    def fits(self, rows: int) -> bool:
+        """True when a decode step of `rows` sequences is this decoder's to run (max_rows)."""
+        return self.max_rows is None or rows <= self.max_rows
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: PagedKVCache,
                  meta: AttentionMetadata) -> torch.Tensor:

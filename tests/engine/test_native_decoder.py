@@ -11,7 +11,7 @@ import torch
 from raypd.engine.cache.kv_cache import PagedKVCache
 from raypd.engine.model.attention import AttentionMetadata, DecodeBatch, PrefillSegment
 from raypd.engine.model.config import ModelConfig
-from raypd.engine.model.linear import LinearFactory
+from raypd.engine.model.linear import ROW_SPLIT_MIN_ROWS, LinearFactory
 from raypd.engine.model.llama import LayerWeights, LlamaModel, ModelWeights
 from raypd.engine.model.native_attention import NativeDecodeAttention
 from raypd.engine.model.native_decoder import NativeDecoder
@@ -130,3 +130,22 @@ def test_only_decode_only_steps_on_the_native_path_are_served():
     torch_path = DecodeBatch(q_index=torch.arange(1), context_runs=torch.zeros(1, dtype=torch.int64))
     assert not NativeDecoder.serves(AttentionMetadata(slots, (), torch_path))
     assert not NativeDecoder.serves(AttentionMetadata(slots, (), None))
+
+
+@pytest.mark.parametrize("ctx_lens", [[17, 40, 3], [17, 40, 3, 16, 33, 5, 64, 2, 20]])  # below and above the split
+def test_row_split_models_fuse_only_small_decode_steps_and_compute_the_same(ctx_lens):
+    cfg = tiny_config(True)
+    split = tiny_model(cfg, torch.bfloat16, LinearFactory("row-split", "bfloat16", 2))
+    native = tiny_model(cfg, torch.bfloat16, LinearFactory("native", "bfloat16", 2))
+    assert isinstance(split.decoder, NativeDecoder) and split.decoder.max_rows == ROW_SPLIT_MIN_ROWS - 1
+    assert split.decoder.fits(ROW_SPLIT_MIN_ROWS - 1) and not split.decoder.fits(ROW_SPLIT_MIN_ROWS)
+    kvs = [PagedKVCache(cfg, NUM_BLOCKS, BLOCK, torch.bfloat16, CPU) for _ in range(2)]
+    kvs[0].pool.copy_(torch.randn(kvs[0].pool.shape, generator=torch.Generator().manual_seed(2)).bfloat16())
+    kvs[1].pool.copy_(kvs[0].pool)
+    ids, positions, meta = decode_step(cfg, kvs[0], ctx_lens)
+    with torch.inference_mode():
+        got = split.forward(ids, positions, meta, kvs[0], torch.arange(len(ctx_lens)))
+        expected = native.forward(ids, positions, meta, kvs[1], torch.arange(len(ctx_lens)))
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got, expected, atol=5e-2 * scale, rtol=5e-2)
+    torch.testing.assert_close(kvs[0].pool.float(), kvs[1].pool.float(), atol=0.5, rtol=5e-2)

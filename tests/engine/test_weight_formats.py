@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raypd.engine.model.linear import LinearFactory, choose_linears
+from raypd.engine.model import linear
+from raypd.engine.model.linear import LinearFactory, PackedLinear, RowSplitLinear, choose_linears, packing_unavailable
 from raypd.engine.model.native_linear import NativeLinear
 from raypd.engine.model.quantization import DequantizedLinear, dequantize, quantize_int8, quantize_int8_groups
 
@@ -145,10 +146,37 @@ def test_wrong_activation_dtype_is_refused():
     (torch.float32, "int8-g32", False, LinearFactory("dequantized", "int8-g32")),
     (torch.bfloat16, "none", False, LinearFactory("torch")),
 ])
-def test_choice_of_projections(dtype, quantization, fast, expected):
+def test_choice_of_projections(dtype, quantization, fast, expected, monkeypatch):
+    monkeypatch.setattr(linear, "bf16_matrix_units", lambda: False)
     choice = choose_linears(CPU, dtype, quantization, fast, num_threads=2)
     assert choice.factory == expected
     assert (choice.fallback is None) == (expected.kind != "dequantized" or not fast)
+
+
+@pytest.mark.parametrize("dtype, quantization, expected", [
+    (torch.bfloat16, "none", LinearFactory("row-split", "bfloat16", 2)),
+    (torch.bfloat16, "int8-g32", LinearFactory("native", "int8-g32", 2)),  # no bf16 copy of int8 weights
+    (torch.float32, "none", LinearFactory("onednn")),
+])
+def test_bf16_weights_take_onednn_for_many_rows_where_the_cpu_has_bf16_matrix_units(dtype, quantization, expected,
+                                                                                    monkeypatch):
+    if packing_unavailable(CPU, torch.bfloat16) is not None:
+        pytest.skip(f"this torch has no oneDNN bf16 linear: {packing_unavailable(CPU, torch.bfloat16)}")
+    monkeypatch.setattr(linear, "bf16_matrix_units", lambda: True)
+    assert choose_linears(CPU, dtype, quantization, True, num_threads=2).factory == expected
+
+
+def test_row_split_runs_few_rows_on_the_kernel_and_many_on_onednn():
+    w, b, _ = case(1, 40, 48)
+    split = LinearFactory("row-split", "bfloat16", 2)(w.bfloat16(), b.bfloat16())
+    assert isinstance(split, RowSplitLinear) and isinstance(split.wide, PackedLinear)
+    assert split.narrow.format == "bfloat16"
+    for rows in (1, split.min_rows - 1, split.min_rows, 4 * split.min_rows):
+        x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        took = split.narrow if rows < split.min_rows else split.wide
+        torch.testing.assert_close(split(x), took(x), atol=0, rtol=0)
+        # either half computes the same bf16 projection (float32 sums in a different order)
+        torch.testing.assert_close(split(x).double(), reference(x, w, b.bfloat16(), "bfloat16"), atol=0.1, rtol=0.02)
 
 
 def test_quantization_option_and_flag():
