@@ -175,7 +175,8 @@ def native_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
 def bf16_matrix_units() -> bool:
     """True when this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16), where
     oneDNN's bf16 GEMM outruns both its float32 one and the C kernel from a few rows up."""
-    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private to torch: may go away
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 def packing_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
