@@ -25,9 +25,9 @@ oneDNN's pair of ops is internal to torch (torch.ops.mkldnn._reorder_linear_weig
 _linear_pointwise, exposed for its compiler), so they are probed before use; torch's own bf16 and
 int8 CPU matmuls are 2-10x slower than float32 on a CPU without AVX-512, hence the C kernel for
 narrow weights (docs/benchmarks.md). On a CPU with bf16 matrix units (AMX tiles, AVX512-BF16)
-oneDNN's bf16 GEMM is 3-6x its float32 one from 32 rows up, and as fast as the C kernel at one row
-(docs/benchmarks.md): there bf16 weights are kept in both layouts (row-split), which costs the
-memory of float32 weights.
+oneDNN's bf16 GEMM is 3-6x its float32 one from 32 rows up and passes the C kernel from about 4
+rows, while below that the C kernel is up to 2x faster (docs/benchmarks.md): there bf16 weights are
+kept in both layouts (row-split), which costs the memory of float32 weights.
 """
 from __future__ import annotations
 
