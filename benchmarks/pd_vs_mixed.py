@@ -221,12 +221,13 @@ def main(argv: list[str] | None = None) -> dict:
                   transfer_options={"backend": args.transfer_backend})
     srpt = common | {"engine_options": {"num_blocks": 2048, "schedule_policy": "srpt"}}
 
-    local = {} if args.local_tpot_weight is None else {"conductor_options": {"local_prefill": LocalPrefillConfig(
-        enabled=True, step_budget_tokens=args.local_prefill_budget, tpot_weight=args.local_tpot_weight)}}
+    local: dict = {} if args.local_tpot_weight is None else {"local_prefill": LocalPrefillConfig(
+        enabled=True, step_budget_tokens=args.local_prefill_budget, tpot_weight=args.local_tpot_weight)}
 
     def adaptive(base: dict) -> ClusterSpec:
         return ClusterSpec(prefill_nodes=1, decode_nodes=1, flex=True, policy="cost",
-                           local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot, **base, **local)
+                           local_prefill_budget=args.local_prefill_budget, tpot_target_s=args.slo_tpot,
+                           conductor_options=local, **base)
     specs = {"pd": ClusterSpec(prefill_nodes=1, decode_nodes=1, **common),
              "mixed": ClusterSpec(mixed_nodes=2, **common),
              # raypd serve --adaptive --tpot-target <--slo-tpot>: flex nodes (1 prefill + 1 decode to
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
              "adaptive": adaptive(common),
              # the fixed PD pair with split or local per request only
              "pd-local": ClusterSpec(prefill_nodes=1, decode_nodes=1, policy="cost",
-                                     local_prefill_budget=args.local_prefill_budget, **common, **local),
+                                     local_prefill_budget=args.local_prefill_budget, conductor_options=local, **common),
              # the same with shortest-remaining-prompt-first admission (engine/scheduler.py) on every node
              "pd-srpt": ClusterSpec(prefill_nodes=1, decode_nodes=1, **srpt),
              "mixed-srpt": ClusterSpec(mixed_nodes=2, **srpt),
