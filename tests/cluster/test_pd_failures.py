@@ -12,6 +12,7 @@ import secrets
 import signal
 import time
 
+import psutil
 import pytest
 import ray
 
@@ -96,6 +97,13 @@ def final_of(sink: TokenSink, generate_ref) -> list:
 
 def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @contextlib.contextmanager
@@ -220,6 +228,9 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
             waiting_end = decode.actor.generate.remote(waiting)
             wait_for(lambda: held(prefill) == 2, "the second request on the node")
             ray.kill(prefill.actor)
+            # ray.kill only asks the raylet; a prefill process still running when the decode node thaws
+            # would get the destination and write the KV. Thaw only once it can run no more code.
+            wait_for(lambda: process_gone(prefill.host.pid), "the killed prefill process to end", HANG_GUARD_S)
         for ref in (inflight_result, waiting_result):
             with pytest.raises(ray.exceptions.RayActorError):
                 ray.get(ref, timeout=HANG_GUARD_S)
