@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections import defaultdict
 
+import psutil
 import ray
 import zmq
 
@@ -93,3 +97,39 @@ class TokenSink:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def wait_for(predicate, what: str, timeout_s: float = 30.0, period_s: float = 0.005):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(period_s)
+
+
+def queues(n) -> dict:
+    return ray.get(n.actor.stats.remote(), timeout=30)["queues"]
+
+
+def held(n) -> int:
+    """Requests a prefill node holds in any stage: one without a destination waits for it in BOOTSTRAP,
+    or (early admission, the default) is computed with its write armed until the destination comes."""
+    q = queues(n)
+    return q["bootstrap"] + q["queued"] + q["inflight"]
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@contextlib.contextmanager
+def paused(n):
+    """Freeze a node's process (SIGSTOP) so it neither acknowledges KV nor answers; always resumed."""
+    os.kill(n.host.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(n.host.pid, signal.SIGCONT)

@@ -14,7 +14,7 @@ from raypd.cluster.client.conductor_router import ConductorRouter
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.protocol.sampling_params import SamplingParams
-from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect
+from tests.cluster.helpers import FAST_TRANSFER, assert_idle, collect, wait_for
 from tests.conftest import NEW_TOKENS
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -44,13 +44,6 @@ def cluster():
 def duties(cluster) -> dict[str, str]:
     nodes = ray.get(cluster.conductor.status.remote(), timeout=30)["nodes"]
     return {name: n["duty"] for name, n in nodes.items() if n["alive"]}
-
-
-def wait_for(predicate, what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 async def _serve(driver: RequestDriver, router: ConductorRouter, prompts, tag: str):
@@ -93,7 +86,7 @@ def test_operator_orders_under_load_drain_first_and_lose_nothing(cluster, prompt
     for name in names:                                   # whatever the planner left: both decode
         if duties(cluster)[name] != "decode":
             ray.get(cluster.conductor.set_duty.remote(name, "decode"), timeout=30)
-    wait_for(lambda: sorted(duties(cluster).values()) == ["decode", "decode"], "both nodes to decode")
+    wait_for(lambda: sorted(duties(cluster).values()) == ["decode", "decode"], "both nodes to decode", WAIT_S)
     mover = next(n for n in cluster.nodes if n.name == names[0])
     router = ConductorRouter(cluster.conductor, cluster.nodes)
     seen: set[str] = set()

@@ -6,13 +6,8 @@ the reference; afterwards every surviving node holds nothing and its block accou
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
-import signal
-import time
 
-import psutil
 import pytest
 import ray
 
@@ -20,7 +15,17 @@ from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.protocol.messages import NodeRequest
 from raypd.protocol.sampling_params import SamplingParams
-from tests.cluster.helpers import FAST_TRANSFER, TokenSink, assert_idle, collect
+from tests.cluster.helpers import (
+    FAST_TRANSFER,
+    TokenSink,
+    assert_idle,
+    collect,
+    held,
+    paused,
+    process_gone,
+    queues,
+    wait_for,
+)
 from tests.conftest import NEW_TOKENS
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -66,25 +71,6 @@ def request(ids, params=GREEDY, prefill=None, sink: TokenSink | None = None) -> 
                        reply_address=sink.address if sink else "")
 
 
-def wait_for(predicate, what: str, timeout_s: float = 30.0, period_s: float = 0.005):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(period_s)
-
-
-def queues(n) -> dict:
-    return ray.get(n.actor.stats.remote(), timeout=30)["queues"]
-
-
-def held(n) -> int:
-    """Requests a prefill node holds in any stage: one without a destination waits for it in BOOTSTRAP,
-    or (early admission, the default) is computed with its write armed until the destination comes."""
-    q = queues(n)
-    return q["bootstrap"] + q["queued"] + q["inflight"]
-
-
 def final_of(sink: TokenSink, generate_ref) -> list:
     """Wait for a decode node's generate() and return the chunks its token stream carried: exactly
     one final chunk, the last, equal to the one generate() returned, and the tokens it counted."""
@@ -97,23 +83,6 @@ def final_of(sink: TokenSink, generate_ref) -> list:
 
 def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-@contextlib.contextmanager
-def paused(n):
-    """Freeze a node's process (SIGSTOP) so it neither acknowledges KV nor answers; always resumed."""
-    os.kill(n.host.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(n.host.pid, signal.SIGCONT)
 
 
 def frozen_decode_pair(cluster):

@@ -3,6 +3,8 @@ through prefill and decode nodes configured for chunked prefill, a warm prefix c
 and afterwards every node's block accounting adds up with nothing left behind."""
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 import ray
 
@@ -10,7 +12,7 @@ from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import RoundRobinRouter
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.protocol.sampling_params import SamplingParams
-from tests.cluster.helpers import FAST_TRANSFER, assert_idle, run_all
+from tests.cluster.helpers import FAST_TRANSFER, assert_idle, held, paused, run_all, wait_for
 from tests.conftest import NEW_TOKENS
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -74,10 +76,16 @@ def test_pd_chunked_prefill(cluster, prompt_ids, hf_reference):
 
 def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
     driver = RequestDriver()
-    decode = node(cluster, "decode-1")
-    # prefill-0 holds every prompt in its prefix cache by now, so the prompts reach the decode node
-    # together and outgrow its memory together (a chunked prefill node would trickle them in).
-    check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-0"), decode=decode), hf_reference)
+    prefill, decode = node(cluster, "prefill-0"), node(cluster, "decode-1")
+    # The prompts must reach the decode node together to outgrow its memory together: arriving one by
+    # one, each could finish before the next came and nothing would retract. So decode-1 stays frozen
+    # until prefill-0 holds every prompt (computed early, waiting for a destination), and then all its
+    # generate() calls run at once.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with paused(decode):
+            results = pool.submit(run_all, driver, prompt_ids, GREEDY, prefill=prefill, decode=decode)
+            wait_for(lambda: held(prefill) == len(prompt_ids), "every prompt on the prefill node")
+        check(results.result(timeout=300), hf_reference)
     assert ray.get(decode.actor.stats.remote())["num_retractions"] > 0
     assert_idle(cluster.nodes)
 
