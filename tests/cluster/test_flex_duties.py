@@ -86,7 +86,7 @@ def test_operator_orders_under_load_drain_first_and_lose_nothing(cluster, prompt
     for name in names:                                   # whatever the planner left: both decode
         if duties(cluster)[name] != "decode":
             ray.get(cluster.conductor.set_duty.remote(name, "decode"), timeout=30)
-    wait_for(lambda: sorted(duties(cluster).values()) == ["decode", "decode"], "both nodes to decode", WAIT_S)
+    wait_for(lambda: sorted(duties(cluster).values()) == ["decode", "decode"], "both nodes to decode", WAIT_S, period_s=0.1)
     mover = next(n for n in cluster.nodes if n.name == names[0])
     router = ConductorRouter(cluster.conductor, cluster.nodes)
     seen: set[str] = set()
