@@ -174,7 +174,7 @@ async def drive(driver: RequestDriver, router: Router, wl: Workload, duration_s:
 
 
 def run_system(name: str, spec: ClusterSpec, wl: Workload, args) -> dict:
-    with NodeCluster.start(spec) as cluster, RequestDriver() as driver:
+    with NodeCluster.start(spec) as cluster, RequestDriver(early_first_token=args.early_first_token) as driver:
         router = make_router(cluster.conductor, cluster.nodes)
         # Warm-up: one request per node pair, so model first-touch costs stay out of the window.
         asyncio.run(drive_warmup(driver, router, wl, len(cluster.nodes)))
@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="adaptive, pd-local: prompt tokens a decode node computes per step on the local path")
     ap.add_argument("--local-tpot-weight", type=float, default=None, metavar="W",
                     help="adaptive, pd-local: LocalPrefillConfig.tpot_weight (default: the Conductor's)")
+    ap.add_argument("--no-early-first-token", dest="early_first_token", action="store_false",
+                    help="split path: the first token comes from the decode node once the KV landed, not from the "
+                         "prefill node as soon as it is sampled (NodeRequest.early_first_token)")
     ap.add_argument("--transfer-backend", default="nixl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)

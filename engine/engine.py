@@ -188,9 +188,12 @@ class LLMEngine:
             stops |= set(mc.eos_token_ids)
         # A prefill-only request produces one token here, whatever max_tokens the decode side honours;
         # counting more would make admission keep headroom for tokens this engine never computes.
-        new = 1 if prefill_only else params.max_tokens
         return Request(rid, ids, params, frozenset(stops),
-                       max_total_tokens=min(len(ids) + new, mc.max_position_embeddings))
+                       max_total_tokens=self._token_limit(len(ids), 1 if prefill_only else params.max_tokens))
+
+    def _token_limit(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        """A request's max_total_tokens: prompt + max_tokens, capped at the model's context length."""
+        return min(num_prompt_tokens + max_tokens, self.model_config.max_position_embeddings)
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                  prefill_only: bool = False) -> list[int]:
@@ -317,6 +320,14 @@ class LLMEngine:
             del self.requests[req.request_id]
         return StepOutput(req.request_id, [token], req.status.is_finished, req.status.finish_reason,
                           req.num_cached_tokens or 0)
+
+    def ends_with(self, request_id: str, token: int) -> bool:
+        """Whether `token`, the request's latest, ends it as its decode side will judge: a stop token,
+        or max_tokens reached (a prefill-only request's own limit is one token, whatever max_tokens
+        says). A prefill node asks of the first token it holds: the decode node will end the request with it."""
+        req = self.requests[request_id]
+        return token in req.stop_token_ids or \
+            req.num_tokens >= self._token_limit(req.num_prompt_tokens, req.params.max_tokens)
 
     @staticmethod
     def _stop_status(req: Request, token: int) -> RequestStatus | None:

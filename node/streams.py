@@ -5,6 +5,8 @@
     flush(), after each tick and each step: one msgpack message per caller address with every chunk
     pushed since the last flush; then the Reply of each ENDED stream gets StreamEnd(final, num_tokens),
     which generate() returns over Ray.
+    post(address, chunk): a chunk outside any stream here, sent with the next flush: a PD prefill
+    node's copy of a request's first token (TokenChunk.early), whose stream the decode node serves.
 
 Why one pyzmq message per engine step per caller rather than one Ray streaming generator per
 request: benchmarks/streaming_overhead.py (32 streams, 30 ms decode step, a 2-core box) measured
@@ -118,6 +120,19 @@ class TokenStreams:
         if chunk.finished:
             del self._open[chunk.request_id]
             self._ended.append((stream.reply, StreamEnd(chunk, stream.num_tokens)))
+
+    def post(self, address: str, chunk: TokenChunk) -> None:
+        """Queue for the next flush a chunk of a stream another node serves: a prefill node's copy of
+        a PD request's first token (TokenChunk.early), which the decode node's stream carries too.
+        Not counted; an address that cannot be reached drops it (the decode node's copy still comes)."""
+        if address not in self._sockets:
+            try:
+                self._sockets[address] = self._connect(address)
+            except zmq.ZMQError as e:
+                log.warning("cannot send an early token to %r: %s", address, e)
+                return
+        self._last_used[address] = time.monotonic()
+        self._pending.setdefault(address, []).append(chunk)
 
     def flush(self) -> None:
         """Send what was pushed, one message per caller; then answer the streams that ended, so the

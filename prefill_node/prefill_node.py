@@ -9,6 +9,8 @@ the caller minted (the decode node knows the same id).
            no room opened (the caller aborts the decode side)
     abort(request_id): the stage holding the request aborts its room (WaitingStage also frees the
                        engine request at once); the request ends when the room is terminal, error "aborted ..."
+    The first token goes to the caller as WaitingStage hands the request on, before its KV leaves
+    (NodeRequest.early_first_token), unless it ends the request.
 
 Each stage's module draws its part. A tick visits only the stages holding requests; the engine's
 step outputs move requests from WaitingStage to InflightStage. Blocks of an INFLIGHT request are never
@@ -30,7 +32,7 @@ from raypd.prefill_node.inflight_stage import InflightStage
 from raypd.prefill_node.prefill_request import PrefillPhase, PrefillRequest
 from raypd.prefill_node.prefix_copy import PrefixCopies
 from raypd.prefill_node.waiting_stage import WaitingStage
-from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, PrefillResult
+from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, PrefillResult, TokenChunk
 from raypd.protocol.roles import Role
 
 P = PrefillPhase
@@ -186,7 +188,18 @@ class PrefillNode:
 
     def _on_outputs(self, outputs: list[StepOutput]) -> None:
         for pr in self.waiting.pop_ready(outputs):
+            self._stream_first_token(pr)
             self.inflight.add(pr)
+
+    def _stream_first_token(self, pr: PrefillRequest) -> None:
+        """The caller's copy of the first token, sent with this step's flush, before the KV write is
+        posted (NodeRequest.early_first_token): its TTFT then pays neither the transfer nor the
+        decode node's step boundary. Not when the token ends the request: the decode node's final
+        chunk carries it, and a stop token must not reach the caller as text."""
+        req = pr.req
+        if req.early_first_token and req.reply_address and not pr.first_token_ends:
+            self.core.streams.post(req.reply_address, TokenChunk(pr.request_id, (pr.first_token,),
+                                                                 num_cached_tokens=pr.num_cached_tokens, early=True))
 
     def _end(self, ended: list[PrefillRequest]) -> None:
         """Answer the callers of requests that left their last stage (the stage freed them)."""

@@ -34,6 +34,10 @@ class NodeRequest:
     # decode side: no prefill node; the decode node prefills the prompt itself, chunked into its own
     # steps under its per-step prompt budget (the Conductor's local path, conductor/split_or_local.py)
     local_prefill: bool = False
+    # PD, both sides: the prefill node also streams the first token to reply_address the moment it
+    # samples it (TokenChunk.early), before the KV leaves; the decode node streams it again once the
+    # KV landed, and the caller keeps whichever copy comes first (cluster/client/token_receiver.py).
+    early_first_token: bool = False
 
 
 # The finish reason of a request a node refused for want of capacity (its bounded waiting queue was
@@ -57,23 +61,28 @@ class TokenChunk:
     # On an error final: the node the caller's driver holds responsible (retries avoid it, circuit
     # breakers count it). Set on the caller's side only; never on the wire.
     failed_node: str = ""
+    # The prefill node's copy of a PD request's first token (NodeRequest.early_first_token), sent
+    # outside the decode node's stream: never final, not counted in StreamEnd.num_tokens.
+    early: bool = False
 
     def to_wire(self) -> list:
         return [self.request_id, list(self.token_ids), self.finished, self.finish_reason, self.error,
-                self.num_cached_tokens, self.timings]
+                self.num_cached_tokens, self.timings, self.early]
 
     @classmethod
     def from_wire(cls, w: object) -> TokenChunk:
-        """The inverse of to_wire(); anything else raises ValueError."""
-        if not isinstance(w, (list, tuple)) or len(w) != 7:
-            raise ValueError(f"a token chunk is a 7-item array, got {type(w).__name__}")
-        rid, tokens, finished, reason, error, cached, timings = w
+        """The inverse of to_wire() (a 7-item array without `early` too); anything else raises ValueError."""
+        if not isinstance(w, (list, tuple)) or len(w) not in (7, 8):
+            raise ValueError(f"a token chunk is a 7- or 8-item array, got {type(w).__name__}")
+        rid, tokens, finished, reason, error, cached, timings, *rest = w
+        early = rest[0] if rest else False
         if not (isinstance(rid, str) and isinstance(tokens, (list, tuple)) and all(type(t) is int for t in tokens)
                 and isinstance(finished, bool) and isinstance(reason, (str, type(None)))
                 and isinstance(error, (str, type(None))) and type(cached) is int and isinstance(timings, dict)
-                and all(isinstance(k, str) and type(v) in (int, float) for k, v in timings.items())):
+                and all(isinstance(k, str) and type(v) in (int, float) for k, v in timings.items())
+                and isinstance(early, bool) and not (early and finished)):
             raise ValueError(f"malformed token chunk for request {rid!r}")
-        return cls(rid, tuple(tokens), finished, reason, error, cached, dict(timings))
+        return cls(rid, tuple(tokens), finished, reason, error, cached, dict(timings), early=early)
 
 
 TOKEN_WIRE_VERSION = 1

@@ -1,7 +1,9 @@
 """RequestDriver: drives one request through the nodes chosen for it and streams its tokens back.
 
 PD: mint the room id, start the prefill (its result carries the prefill-side timings), call the
-decode node's generate(), and relay its tokens until the final chunk. Mixed: the same with a mixed
+decode node's generate(), and relay its tokens until the final chunk; the first token comes from the
+prefill node as soon as it is sampled (NodeRequest.early_first_token), and the decode node's copy of
+it is dropped. Mixed: the same with a mixed
 node's generate(); local (a decode node prefills the prompt itself): the same with the decode node's
 generate() and NodeRequest.local_prefill. Tokens come over pyzmq to the driver's one TokenReceiver
 (one message per engine step per caller: the measured cheap path, see node/streams.py); the request's end and a node's
@@ -45,14 +47,17 @@ class RequestDriver:
     secret: the nodes' data plane secret (default: this process's, which a NodeCluster started here
     hands its nodes).
     stream_tail_s: after a node's generate() returned, how long tokens it counted may still take to
-    arrive before the request ends with a "lost tokens" error."""
+    arrive before the request ends with a "lost tokens" error.
+    early_first_token: PD requests ask the prefill node for the first token the moment it samples it
+    (NodeRequest.early_first_token); False: it comes from the decode node once the KV landed."""
 
     def __init__(self, chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
                  reply_host: str | None = None, stream_tail_s: float = 10.0,
-                 secret: DataPlaneSecret | None = None):
+                 secret: DataPlaneSecret | None = None, early_first_token: bool = True):
         self.chunk_timeout_s = chunk_timeout_s
         self.prefill_wait_s = prefill_wait_s
         self.stream_tail_s = stream_tail_s
+        self.early_first_token = early_first_token
         self.receiver = TokenReceiver(reply_host, secret)
 
     def close(self) -> None:
@@ -84,10 +89,11 @@ class RequestDriver:
                     yield replace(chunk, failed_node=prefill.name) if chunk.error else chunk
             return
         req = NodeRequest(request_id, secrets.randbits(63), tuple(prompt_token_ids), params,
-                          bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address)
+                          bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address,
+                          early_first_token=self.early_first_token)
+        stream = self.receiver.open(req.request_id)   # before the prefill node can send the first token
         prefill_ref = untracked(prefill.actor.prefill).remote(req)
         final: TokenChunk | None = None
-        stream = self.receiver.open(req.request_id)
         # A prefill node that dies before the KV is handed over would leave the decode side waiting
         # for its heartbeat timeout: abort the decode side as soon as the prefill() call fails. The
         # same when the prefill node refused the request (full): no KV will ever come.

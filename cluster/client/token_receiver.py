@@ -8,7 +8,10 @@ here; chunks of requests not open (any more) are dropped.
 A TokenStream merges two channels that are not ordered with each other: the tokens (zmq) and the
 end of the node's generate() call (Ray), which carries the final chunk and the stream's token count,
 and fails at once when the node dies. relay() yields the final chunk only once every token the node
-counted arrived, so a caller never sees the end before the last tokens.
+counted arrived, so a caller never sees the end before the last tokens. In PD a third source joins:
+the prefill node's early copy of the first token (TokenChunk.early), from another socket and so not
+ordered with the decode node's tokens either; whichever copy of the first token comes first is
+yielded, the other dropped, so the caller sees every token once and in order.
 
 The socket binds once; the dispatcher runs on the event loop of the latest open(), so a driver can
 serve one asyncio.run() after another (one loop at a time).
@@ -54,7 +57,8 @@ class TokenStream:
 
     def __init__(self, request_id: str, streams: dict[str, TokenStream]):
         self.request_id = request_id
-        self.received = 0          # tokens arrived, the final chunk's included
+        self.received = 0          # tokens arrived from the node, the final chunk's included
+        self.ahead = 0             # of those, how many the prefill node's early copy gave the caller first
         self.node_done = False     # the node's call returned or failed: nothing left to abort there
         self.stream_failed = False  # the error final is this stream's own: the node died, fell silent, lost tokens
         self.node_name = ""        # the node relay() reads from, once it runs
@@ -111,7 +115,7 @@ class TokenStream:
             if chunk := self._tokens(items):
                 yield chunk
         if self.received == result.num_tokens:
-            yield result.final
+            yield self._unseen(result.final, result.num_tokens)
         else:
             lost = result.num_tokens - self.received
             yield replace(self._error(f"the token stream from node {node_name} lost {lost} of "
@@ -134,11 +138,27 @@ class TokenStream:
 
     def _tokens(self, items: list) -> TokenChunk | None:
         """Count the tokens of `items`; the non-final chunks merged, to yield (a final chunk's tokens
-        reach the caller in StreamEnd.final)."""
-        chunks = [c for c in items if isinstance(c, TokenChunk)]
-        self.received += sum(len(c.token_ids) for c in chunks)
-        partial = [c for c in chunks if not c.finished and c.token_ids]
+        reach the caller in StreamEnd.final). The prefill node's early copy of the first token goes
+        out only if the node's own has not come yet; then the node's copy is dropped instead."""
+        partial = []
+        for c in items:
+            if not isinstance(c, TokenChunk):
+                continue
+            if c.early:
+                if not self.received and not self.ahead and c.token_ids:
+                    self.ahead = len(c.token_ids)
+                    partial.append(c)
+                continue
+            self.received += len(c.token_ids)
+            if not c.finished and (c := self._unseen(c, self.received)).token_ids:
+                partial.append(c)
         return merge(partial) if partial else None
+
+    def _unseen(self, chunk: TokenChunk, end: int) -> TokenChunk:
+        """`chunk`, the node's tokens up to its `end`-th, without those the caller already has from
+        the early copy."""
+        skip = self.ahead - (end - len(chunk.token_ids))
+        return replace(chunk, token_ids=chunk.token_ids[skip:]) if skip > 0 else chunk
 
     def _error(self, error: str) -> TokenChunk:
         self.stream_failed = True

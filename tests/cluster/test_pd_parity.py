@@ -3,7 +3,10 @@ through prefill and decode nodes configured for chunked prefill, a warm prefix c
 and afterwards every node's block accounting adds up with nothing left behind."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
+import time
 
 import pytest
 import ray
@@ -87,6 +90,32 @@ def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
             wait_for(lambda: held(prefill) == len(prompt_ids), "every prompt on the prefill node")
         check(results.result(timeout=300), hf_reference)
     assert ray.get(decode.actor.stats.remote())["num_retractions"] > 0
+    assert_idle(cluster.nodes)
+
+
+def test_the_first_token_comes_from_the_prefill_node_while_the_decode_node_is_frozen(cluster, prompt_ids,
+                                                                                     hf_reference):
+    """The driver asks for the first token early (RequestDriver's default): with decode-0 frozen, so no
+    KV can land and no decode step can run, the first token still reaches the caller, straight from
+    the prefill node; thawed, the stream goes on without repeating it and equals the reference."""
+    driver = RequestDriver()
+    prefill, decode = node(cluster, "prefill-0"), node(cluster, "decode-0")
+    ids, ref = prompt_ids[0], hf_reference[0]
+    got_first = threading.Event()
+
+    async def one():
+        tokens, final = [], None
+        async for chunk in driver.generate(f"early-{time.monotonic_ns()}", ids, GREEDY, prefill, decode):
+            tokens.extend(chunk.token_ids)
+            if tokens:
+                got_first.set()
+            final = chunk
+        return tokens, final
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with paused(decode):
+            result = pool.submit(asyncio.run, one())
+            wait_for(got_first.is_set, "the first token while the decode node is frozen")
+        check([result.result(timeout=300)], [ref])
     assert_idle(cluster.nodes)
 
 

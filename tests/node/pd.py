@@ -84,6 +84,20 @@ class TokenSink:
                 self._chunks[chunk.request_id].append(chunk)
         return self._chunks.pop(request_id)
 
+    def take(self, request_id: str, at_least: int, timeout_s: float = WAIT_S) -> list[TokenChunk]:
+        """The request's chunks so far, once at least `at_least` came (taken: chunks() returns the rest)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while self._sock.poll(0):
+                for chunk in unpack_chunks(self._sock.recv()):
+                    self._chunks[chunk.request_id].append(chunk)
+            if len(self._chunks[request_id]) >= at_least:
+                return self._chunks.pop(request_id)
+            left_ms = (deadline - time.monotonic()) * 1e3
+            if left_ms <= 0:
+                raise AssertionError(f"{request_id}: fewer than {at_least} chunks within {timeout_s:.0f}s")
+            self._sock.poll(left_ms)
+
     def close(self) -> None:
         self._sock.close()
 

@@ -9,6 +9,7 @@ import asyncio
 import os
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -147,6 +148,38 @@ def test_a_late_destination_gets_the_armed_write_and_the_output_equals_one_engin
     assert res.timings["bootstrap_s"] < res.timings["armed_s"]   # computed first, then waited for the decode side
     want = make_llm(**ENGINE).generate([list(req.prompt_token_ids)], GREEDY)[0].token_ids
     assert stream_tokens(sink, end) == want
+
+
+def test_the_prefill_node_streams_the_first_token_before_the_decode_side_comes(nodes, sink, make_llm):
+    """early_first_token: the first token reaches the caller while no decode side exists yet (the
+    prompt computed early, its write armed); the decode node's stream then carries it again, which the
+    caller's TokenStream drops. A first token that ends the request (its length, or a stop token)
+    comes only in the decode node's final chunk: no early copy, so no stop token reaches the text."""
+    prefill, decode = nodes
+    ids = prompt(40, 900)
+    want = make_llm(**ENGINE).generate([list(ids)], GREEDY)[0].token_ids
+
+    def run(params, early_chunks):
+        req = replace(pd_request(nodes, sink, ids, params), early_first_token=True)
+
+        async def main():
+            result = asyncio.ensure_future(prefill.prefill(req))
+            await wait_queue(prefill, "inflight", 1)   # prefilled, armed: no decode side has come
+            early = sink.take(req.request_id, early_chunks)
+            end = await asyncio.wait_for(decode.generate(req), WAIT_S)
+            return early, await asyncio.wait_for(result, WAIT_S), end
+        early, res, end = asyncio.run(main())
+        assert res.ok
+        chunks = early + sink.chunks(req.request_id)
+        assert chunks[-1] == end.final and not any(c.early for c in chunks[len(early):])
+        return early, [t for c in chunks[len(early):] for t in c.token_ids]
+
+    early, decoded = run(GREEDY, 1)
+    assert [(c.early, c.finished, c.token_ids) for c in early] == [(True, False, (want[0],))]
+    assert decoded == want   # the decode node's stream is whole: the caller's end drops the copy
+    for ends_at_once in (replace(GREEDY, max_tokens=1), replace(GREEDY, stop_token_ids=(want[0],))):
+        early, decoded = run(ends_at_once, 0)
+        assert early == [] and decoded == want[:1]
 
 
 @pytest.mark.parametrize("who", ["prefill", "decode"])

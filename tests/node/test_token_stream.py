@@ -24,9 +24,13 @@ async def relay_all(stream, end, tail_s=2.0, chunk_timeout_s=5.0) -> list[TokenC
 
 def test_wire_round_trip_and_strict_decoding():
     chunks = [chunk("a", 1, 2), chunk("b", 3, finished=True, num_cached_tokens=16, timings={"total_s": 0.25}),
-              TokenChunk("c", (), True, None, "KV transfer failed: timeout")]
+              TokenChunk("c", (), True, None, "KV transfer failed: timeout"), chunk("d", 4, early=True)]
     assert unpack_chunks(pack_chunks(chunks)) == chunks
     good = chunks[0].to_wire()
+    assert TokenChunk.from_wire(good[:7]) == chunks[0]   # a sender from before `early`
+    for wire in ([*good[:7], 1], [*good[:2], True, *good[3:7], True]):   # not a bool; an early final
+        with pytest.raises(ValueError):
+            TokenChunk.from_wire(wire)
     for bad in (b"\xc1", pack_chunks([])[:-1], b"\x92\x02\x90"):  # not msgpack, truncated, version 2
         with pytest.raises(ValueError):
             unpack_chunks(bad)
@@ -107,6 +111,53 @@ def test_end_before_tokens_lost_tokens_dead_node_and_silence():
                 rx.open("r4")  # still open: the driver closes it
         finally:
             node.close()
+            rx.close()
+    asyncio.run(main())
+
+
+def test_the_prefill_nodes_early_first_token_is_yielded_once_whichever_copy_comes_first():
+    """A PD request's first token comes twice: early from the prefill node (another socket, so in any
+    order with the decode node's tokens) and in the decode node's stream. The caller sees each token
+    once, in order, and the stream still ends once every token the decode node counted arrived."""
+    async def main():
+        rx = TokenReceiver("127.0.0.1")
+        prefill, decode = TokenStreams(), TokenStreams()
+        loop = asyncio.get_running_loop()
+
+        async def run(rid, order, final_tokens=(9,), num_tokens=3):
+            stream = rx.open(rid)
+            assert decode.open(rid, rx.address, Reply())
+            end = loop.create_future()
+            end.set_result(StreamEnd(chunk(rid, *final_tokens, finished=True), num_tokens))
+            relay = asyncio.ensure_future(relay_all(stream, end))
+            for who in order:   # each flushed and delivered before the next
+                if who == "early":
+                    prefill.post(rx.address, chunk(rid, 7, early=True))
+                    prefill.flush()
+                else:
+                    decode.push(chunk(rid, *who) if who != "final" else chunk(rid, *final_tokens, finished=True))
+                    decode.flush()
+                await asyncio.sleep(0.05)
+            chunks = await asyncio.wait_for(relay, 5)
+            stream.close()
+            return chunks
+        try:
+            # The usual order: the early copy first; the decode node's copy of token 7 is dropped.
+            got = await run("e1", ["early", (7,), (8,), "final"])
+            assert [c.token_ids for c in got] == [(7,), (8,), (9,)] and got[-1].finished and not got[-1].error
+            # The decode node's tokens first: the early copy is dropped.
+            got = await run("e2", [(7, 8), "early", "final"])
+            assert [t for c in got for t in c.token_ids] == [7, 8, 9] and not any(c.early for c in got)
+            # The early copy, then the decode node's first token together with the rest, in its final chunk.
+            got = await run("e3", ["early", "final"], final_tokens=(7, 8), num_tokens=2)
+            assert [c.token_ids for c in got] == [(7,), (8,)] and got[-1].finished and not got[-1].error
+            # An early copy for a request no longer open here is dropped without harm.
+            prefill.post(rx.address, chunk("gone", 1, early=True))
+            prefill.flush()
+            assert prefill.num_messages == 4 and prefill.open_ids() == []
+        finally:
+            prefill.close()
+            decode.close()
             rx.close()
     asyncio.run(main())
 
