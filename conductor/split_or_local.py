@@ -26,11 +26,13 @@ the weights are read either way) and prefill the fitted prefill time model at th
 measured speed (a decode node's own report counts decode tokens, not prompt tokens).
 
 The split path's estimate (the policy's: queue, prefill, KV send) gains its handoff at the split
-decode node while it decodes: it streams the first token at the end of the step under way when the
-KV lands (half a step), and it reserves the prompt's blocks at the end of the step under way when
-the request arrives (measured ~0.85 of a step, messages included; one step here), which the prefill
-node's write waits for when the prefill is done sooner (its prefill starts at once: early admission,
-prefill_node/bootstrap_stage.py):
+decode node while it decodes: it takes the landed KV in at the end of the step under way (half a
+step), and it reserves the prompt's blocks at the end of the step under way when the request
+arrives (measured ~0.85 of a step, messages included; one step here), which the prefill node's
+write waits for when the prefill is done sooner (its prefill starts at once: early admission,
+prefill_node/bootstrap_stage.py). With the first token streamed by the prefill node
+(NodeRequest.early_first_token, the drivers' default) the handoff delays the request's second token
+rather than its first, and so its end; it is counted all the same, as the local path has none:
 
     handoff    = step_s / 2 + max(0, step_s - split TTFT estimate)
 

@@ -231,7 +231,9 @@ def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):
             return await asyncio.wait_for(asyncio.gather(*timed_out, *fine), HANG_GUARD_S)
         results = asyncio.run(main())
         for tokens, final in results[:2]:
-            assert final.error and "timeout" in final.error and not tokens
+            # No KV ever landed; at most the first token came, early from the prefill node, if its
+            # prefill ended before it heard of the timeout.
+            assert final.error and "timeout" in final.error and len(tokens) <= 1
         for i, (tokens, final) in enumerate(results[2:]):
             assert final.error is None and tokens == hf_reference[i]
         assert_idle(cluster.nodes)
