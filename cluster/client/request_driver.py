@@ -92,7 +92,11 @@ class RequestDriver:
                           bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address,
                           early_first_token=self.early_first_token)
         stream = self.receiver.open(req.request_id)   # before the prefill node can send the first token
-        prefill_ref = untracked(prefill.actor.prefill).remote(req)
+        try:
+            prefill_ref = untracked(prefill.actor.prefill).remote(req)
+        except BaseException:
+            stream.close()
+            raise
         final: TokenChunk | None = None
         # A prefill node that dies before the KV is handed over would leave the decode side waiting
         # for its heartbeat timeout: abort the decode side as soon as the prefill() call fails. The
