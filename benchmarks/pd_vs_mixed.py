@@ -57,6 +57,17 @@ class Record:
         return self.chunk_times[0] - self.sent
 
     @property
+    def ttft_beyond_prefill(self) -> float | None:
+        """A split-path request's TTFT less the prefill node's own phases (bootstrap wait, queue,
+        prefill): the Ray call until the prefill node's engine thread took the request (it looks
+        between steps), and the first token's way to the caller (one pyzmq hop when the prefill node
+        streams it; else the KV transfer and the decode node's next step boundary too). None: local
+        path or mixed."""
+        t = self.timings
+        phases = ("prefill.bootstrap_s", "prefill.queue_s", "prefill.prefill_s")
+        return self.ttft - sum(t[k] for k in phases) if all(k in t for k in phases) else None
+
+    @property
     def num_tokens(self) -> int:
         return sum(self.chunk_tokens)
 
@@ -92,6 +103,8 @@ def summarize(records: list[Record], window_s: float, slo_ttft_s: float, slo_tpo
                      **{f"ttft_p{q}_ms": _ms(pct(ttft, q)) for q in (50, 90, 99)},
                      **{f"tpot_p{q}_ms": _ms(pct(tpot, q)) for q in (50, 99)},
                      **{f"itl_p{q}_ms": _ms(pct(itl, q)) for q in (50, 99)},
+                     **{f"ttft_beyond_prefill_p{q}_ms": _ms(pct(beyond, q)) for q in (50, 99)
+                        if (beyond := [b for r in rs if (b := r.ttft_beyond_prefill) is not None])},
                      # Where this kind's TTFT tail goes: each handoff phase's p99 over its requests
                      # (the top-level handoff_ms_p50 mixes decoders and bursts).
                      "handoff_ms_p99": {k: _ms(pct(v, 99)) for k, v in sorted(_phases(rs).items())}}

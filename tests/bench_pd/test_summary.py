@@ -25,3 +25,12 @@ def test_percentiles_goodput_and_phases_per_kind():
     # Nine decoders meet TTFT <= 0.95 s (the tenth waited 1.0 s); the burst breaks the TPOT SLO.
     assert out["goodput_rps"] == 0.9 and out["requests_per_s"] == 1.1
     assert out["output_tokens_per_s"] == 5.5
+
+
+def test_ttft_beyond_the_prefill_nodes_phases_on_the_split_path_only():
+    split = [record("decoder", 0.3 + 0.01 * i, 0.05, **{"prefill.bootstrap_s": 0.01, "prefill.queue_s": 0.04,
+                                                        "prefill.prefill_s": 0.2}) for i in range(5)]
+    local = record("decoder", 2.0, 0.05, **{"local_prefill_s": 1.9})   # no prefill node: not counted
+    d = summarize([*split, local], window_s=10.0, slo_ttft_s=5, slo_tpot_s=1)["decoder"]
+    assert (d["ttft_beyond_prefill_p50_ms"], d["ttft_beyond_prefill_p99_ms"]) == (70.0, 90.0)
+    assert "ttft_beyond_prefill_p50_ms" not in summarize([local], 10.0, 5, 1)["decoder"]
