@@ -144,9 +144,9 @@ class TokenStream:
         for c in items:
             if not isinstance(c, TokenChunk):
                 continue
-            if c.early:
-                if not self.received and not self.ahead and c.token_ids:
-                    self.ahead = len(c.token_ids)
+            if c.early:   # one token, the first: anything else is not what a prefill node sends
+                if not self.received and not self.ahead and len(c.token_ids) == 1:
+                    self.ahead = 1
                     partial.append(c)
                 continue
             self.received += len(c.token_ids)

@@ -124,7 +124,7 @@ def test_the_prefill_nodes_early_first_token_is_yielded_once_whichever_copy_come
         prefill, decode = TokenStreams(), TokenStreams()
         loop = asyncio.get_running_loop()
 
-        async def run(rid, order, final_tokens=(9,), num_tokens=3):
+        async def run(rid, order, final_tokens=(9,), num_tokens=3, early=(7,)):
             stream = rx.open(rid)
             assert decode.open(rid, rx.address, Reply())
             end = loop.create_future()
@@ -132,7 +132,7 @@ def test_the_prefill_nodes_early_first_token_is_yielded_once_whichever_copy_come
             relay = asyncio.ensure_future(relay_all(stream, end))
             for who in order:   # each flushed and delivered before the next
                 if who == "early":
-                    prefill.post(rx.address, chunk(rid, 7, early=True))
+                    prefill.post(rx.address, chunk(rid, *early, early=True))
                     prefill.flush()
                 else:
                     decode.push(chunk(rid, *who) if who != "final" else chunk(rid, *final_tokens, finished=True))
@@ -151,10 +151,13 @@ def test_the_prefill_nodes_early_first_token_is_yielded_once_whichever_copy_come
             # The early copy, then the decode node's first token together with the rest, in its final chunk.
             got = await run("e3", ["early", "final"], final_tokens=(7, 8), num_tokens=2)
             assert [c.token_ids for c in got] == [(7,), (8,)] and got[-1].finished and not got[-1].error
+            # An early copy of more than the first token is not a prefill node's: dropped.
+            got = await run("e4", ["early", (7, 8), "final"], early=(5, 6))
+            assert [t for c in got for t in c.token_ids] == [7, 8, 9]
             # An early copy for a request no longer open here is dropped without harm.
             prefill.post(rx.address, chunk("gone", 1, early=True))
             prefill.flush()
-            assert prefill.num_messages == 4 and prefill.open_ids() == []
+            assert prefill.num_messages == 5 and prefill.open_ids() == []
         finally:
             prefill.close()
             decode.close()
