@@ -12,8 +12,10 @@ generating `--decode-tokens` tokens (a finished one is replaced at once); every 
 burst of `--burst-size` long prompts (`--burst-len` tokens, `--burst-tokens` output tokens). Each actor
 gets `--cpus-per-node` Ray CPUs and as many torch threads. Reports TTFT / TPOT / ITL p50 and p99 for the
 steady decoders and the bursts separately, the PD handoff breakdown (bootstrap wait, prefill queue,
-prefill compute, KV transfer, first decode step), request and token throughput, and goodput: requests
-per second that met both `--slo-ttft` and `--slo-tpot`.
+prefill compute, KV transfer, first decode step) and what a split request's TTFT spends outside the
+prefill node's own phases (`ttft_beyond_prefill_p50_ms`), request and token throughput, and goodput:
+requests per second that met both `--slo-ttft` and `--slo-tpot`. The first token of a split request
+comes from the prefill node (`NodeRequest.early_first_token`) unless `--no-early-first-token`.
 
 `--mix` picks the workloads, each run on every system: bursty (the above), chat (the steady decoders
 alone: short prompts only) and long (the bursts alone: long prompts only); a comma list runs several.
