@@ -95,9 +95,9 @@ class TokenStreams:
         error = None
         if request_id in self._open:
             error = f"request id {request_id!r} is already streaming on this node"
-        elif address and address not in self._sockets:
+        elif address:
             try:
-                self._sockets[address] = self._connect(address)
+                self._socket(address)
             except zmq.ZMQError as e:
                 error = f"cannot stream tokens to {address!r}: {e}"
         if error:
@@ -125,12 +125,11 @@ class TokenStreams:
         """Queue for the next flush a chunk of a stream another node serves: a prefill node's copy of
         a PD request's first token (TokenChunk.early), which the decode node's stream carries too.
         Not counted; an address that cannot be reached drops it (the decode node's copy still comes)."""
-        if address not in self._sockets:
-            try:
-                self._sockets[address] = self._connect(address)
-            except zmq.ZMQError as e:
-                log.warning("cannot send an early token to %r: %s", address, e)
-                return
+        try:
+            self._socket(address)
+        except zmq.ZMQError as e:
+            log.warning("cannot send an early token to %r: %s", address, e)
+            return
         self._last_used[address] = time.monotonic()
         self._pending.setdefault(address, []).append(chunk)
 
@@ -167,6 +166,12 @@ class TokenStreams:
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()
+
+    def _socket(self, address: str) -> zmq.Socket:
+        """The PUSH socket to `address`, connected on first use (raises zmq.ZMQError)."""
+        if (sock := self._sockets.get(address)) is None:
+            sock = self._sockets[address] = self._connect(address)
+        return sock
 
     def _connect(self, address: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.PUSH)

@@ -197,7 +197,8 @@ class PrefillNode:
         decode node's step boundary. Not when the token ends the request: the decode node's final
         chunk carries it, and a stop token must not reach the caller as text."""
         req = pr.req
-        if req.early_first_token and req.reply_address and not pr.first_token_ends:
+        if req.early_first_token and req.reply_address and \
+                not self.core.engine.ends_with(pr.request_id, pr.first_token):   # the engine holds it, prefilled
             self.core.streams.post(req.reply_address, TokenChunk(pr.request_id, (pr.first_token,),
                                                                  num_cached_tokens=pr.num_cached_tokens, early=True))
 

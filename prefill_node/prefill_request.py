@@ -33,7 +33,6 @@ class PrefillRequest:
     phase: PrefillPhase = PrefillPhase.BOOTSTRAP
     aux_slot: int | None = None
     first_token: int = -1                 # set when prefilled
-    first_token_ends: bool = False        # it ends the request: only the decode node streams it, as the final chunk
     num_cached_tokens: int = 0
     abort_reason: str | None = None       # set by abort(): it leaves once its room is terminal
     error: str | None = None              # why it ended; None: its KV reached the decode node

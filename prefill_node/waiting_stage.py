@@ -59,7 +59,6 @@ class WaitingStage:
                 continue
             del self._requests[out.request_id]
             pr.first_token = out.new_token_ids[0]
-            pr.first_token_ends = self._engine.ends_with(out.request_id, pr.first_token)
             pr.num_cached_tokens = out.num_cached_tokens
             pr.t["scheduled"] = self._engine.requests[out.request_id].first_scheduled_at or now
             pr.t["prefilled"] = now

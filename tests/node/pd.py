@@ -75,28 +75,22 @@ class TokenSink:
 
     def chunks(self, request_id: str, timeout_s: float = WAIT_S) -> list[TokenChunk]:
         """The request's chunks up to and including its final one."""
-        deadline = time.monotonic() + timeout_s
-        while not (got := self._chunks[request_id]) or not got[-1].finished:
-            left_ms = (deadline - time.monotonic()) * 1e3
-            if left_ms <= 0 or not self._sock.poll(left_ms):
-                raise AssertionError(f"{request_id}: no final chunk within {timeout_s:.0f}s")
-            for chunk in unpack_chunks(self._sock.recv()):
-                self._chunks[chunk.request_id].append(chunk)
-        return self._chunks.pop(request_id)
+        return self._until(request_id, lambda got: bool(got) and got[-1].finished, "no final chunk", timeout_s)
 
     def take(self, request_id: str, at_least: int, timeout_s: float = WAIT_S) -> list[TokenChunk]:
         """The request's chunks so far, once at least `at_least` came (taken: chunks() returns the rest)."""
+        return self._until(request_id, lambda got: len(got) >= at_least, f"fewer than {at_least} chunks", timeout_s)
+
+    def _until(self, request_id: str, done: Callable[[list[TokenChunk]], bool], failure: str,
+               timeout_s: float) -> list[TokenChunk]:
         deadline = time.monotonic() + timeout_s
-        while True:
-            while self._sock.poll(0):
-                for chunk in unpack_chunks(self._sock.recv()):
-                    self._chunks[chunk.request_id].append(chunk)
-            if len(self._chunks[request_id]) >= at_least:
-                return self._chunks.pop(request_id)
+        while not done(self._chunks[request_id]):
             left_ms = (deadline - time.monotonic()) * 1e3
-            if left_ms <= 0:
-                raise AssertionError(f"{request_id}: fewer than {at_least} chunks within {timeout_s:.0f}s")
-            self._sock.poll(left_ms)
+            if left_ms <= 0 or not self._sock.poll(left_ms):
+                raise AssertionError(f"{request_id}: {failure} within {timeout_s:.0f}s")
+            for chunk in unpack_chunks(self._sock.recv()):
+                self._chunks[chunk.request_id].append(chunk)
+        return self._chunks.pop(request_id)
 
     def close(self) -> None:
         self._sock.close()
