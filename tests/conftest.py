@@ -96,3 +96,25 @@ def one_process_tests_start_no_ray(request):
         ray = sys.modules.get("ray")
         assert ray is None or not ray.is_initialized(), \
             f"{request.node.nodeid} started Ray: mark its module with pytestmark = pytest.mark.cluster"
+
+
+def pytest_report_header(config) -> list[str]:
+    """The CPU the suite runs on and the kernel path it takes (tests/engine/test_cpu_paths.py runs
+    the kernel tests once more on each lower path this CPU can run)."""
+    import torch
+
+    from raypd.engine.model import cpu_paths
+
+    return [cpu_paths.describe(), f"ATen CPU capability: {torch.backends.cpu.get_cpu_capability()}"]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Which CPU kernel paths this run exercised, and which this CPU could not run."""
+    from tests.engine.test_cpu_paths import PATH_TEST, summarize
+
+    reports = [r for outcome in ("passed", "failed", "skipped") for r in terminalreporter.stats.get(outcome, [])
+               if PATH_TEST in getattr(r, "nodeid", "")]
+    if reports:
+        terminalreporter.write_sep("-", "CPU kernel paths")
+        for line in summarize(reports):
+            terminalreporter.write_line(line)

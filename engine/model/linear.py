@@ -38,6 +38,7 @@ from typing import Literal, Protocol
 import torch
 import torch.nn.functional as F
 
+from raypd.engine.model import cpu_paths
 from raypd.engine.model.native_build import KernelUnavailable
 from raypd.engine.model.native_linear import NativeLinear
 from raypd.engine.model.quantization import DequantizedLinear
@@ -174,7 +175,10 @@ def native_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
 
 def bf16_matrix_units() -> bool:
     """True when this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16), where
-    oneDNN's bf16 GEMM outruns both its float32 one and the C kernel from a few rows up."""
+    oneDNN's bf16 GEMM outruns both its float32 one and the C kernel from a few rows up, and the
+    process is not held to a path below them (cpu_paths.py)."""
+    if not cpu_paths.held().bf16_matrix_units:
+        return False
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private to torch: may go away
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 

@@ -1,8 +1,9 @@
 """Compile a C kernel from csrc/ on first use, into the cache folder, and load it with ctypes.
 
 The kernels are plain C (no torch headers), so a build takes about a second with the system
-compiler. A library is built once per sources, flags and CPU (-march=native code is only valid on
-the kind of CPU that built it, and the cache folder may be shared); nodes starting together may
+compiler. The target flags are the process's CPU path (cpu_paths.py: -march=native unless the
+process is held to a lower path). A library is built once per sources, flags and CPU (-march=native
+code is only valid on the kind of CPU that built it, and the cache folder may be shared); nodes starting together may
 all build at once, so each builds beside the target and renames. -fopenmp links the libgomp.so.1
 torch has already loaded: the kernels' parallel regions run on torch's own worker threads instead
 of competing with them while they spin after a matmul (docs/benchmarks.md).
@@ -19,12 +20,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from raypd.engine.model import cpu_paths
 from raypd.engine.model.source import cache_root
 
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # then the CPU path's target flags
 
 
 class KernelUnavailable(RuntimeError):
@@ -32,15 +34,16 @@ class KernelUnavailable(RuntimeError):
 
 
 def load(source_name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """csrc/<source_name> built with CFLAGS + extra_flags and loaded; KernelUnavailable if it cannot be.
-    Callers cache the result and declare the argument types of what they call."""
+    """csrc/<source_name> built with CFLAGS, the CPU path's flags and extra_flags, and loaded;
+    KernelUnavailable if it cannot be. Callers cache the result and declare the argument types of
+    what they call."""
     if platform.system() not in ("Linux", "Darwin"):
         raise KernelUnavailable(f"no native kernel build on {platform.system()}")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc, gcc or clang) on PATH")
     source = CSRC / source_name
-    flags = [*CFLAGS, *extra_flags]
+    flags = [*CFLAGS, *cpu_paths.held().cflags, *extra_flags]
     # Every file of csrc/ goes into the key: a source may #include the others.
     sources = b"".join(p.name.encode() + p.read_bytes() for p in sorted(CSRC.iterdir()) if p.suffix in (".c", ".h"))
     key = hashlib.sha256(source.name.encode() + sources + " ".join(flags).encode()
