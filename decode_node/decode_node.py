@@ -1,225 +1,26 @@
-"""DecodeNode: an engine in decode mode plus a KVReceiver. One room per request, keyed by the room id
-the caller minted (the prefill node knows the same id).
-
-    generate(req) ─> PreallocStage ─blocks reserved, aux slot─> TransferStage ─KV landed─> RunningStage
-        │                │ prealloc timeout                          │ room FAILED            │ stop / length
-        │                v                                           v                        v
-        │          final chunk (overloaded)                  final chunk (error)    final chunk (finish_reason)
-        └─ max_waiting_requests already in PreallocStage ─> final chunk (overloaded) at once, nothing held
-    generate(req with local_prefill) ─> RunningStage (the engine prefills it here, in chunks under
-        its per-step prompt budget, then decodes) ─> final chunk; no room, no KV transfer
-    abort(request_id): PREALLOC / RUNNING ─> final chunk "abort" at once;
-                       TRANSFER ─> the receiver aborts the room ─room terminal─> final chunk "abort"
-
-Each stage's module draws its part. A tick visits only the stages holding requests; the engine's
-step outputs drive RunningStage. Reserved blocks are freed only when the room is terminal: until then
-the prefill node may be writing. Every path ends with exactly one final chunk, so a caller is never
-left waiting in silence. Tokens go to req.reply_address over pyzmq (node/streams.py); generate()
-returns the StreamEnd over Ray.
-"""
+"""DecodeNode: the Ray actor serving the decode duty (decode_duty.py draws its lifecycle) on an
+engine of its own. Its call beyond every node's (node/node_actor.py): generate."""
 from __future__ import annotations
 
-import time
-from dataclasses import asdict
-
-from raypd.decode_node.decode_request import DecodePhase, DecodeRequest
-from raypd.decode_node.prealloc_stage import PreallocStage
-from raypd.decode_node.running_stage import RunningStage
-from raypd.decode_node.transfer_stage import TransferStage
-from raypd.engine.errors import InvalidRequestError
-from raypd.engine.outputs import StepOutput
-from raypd.kvtransfer import KVReceiver
+from raypd.decode_node.decode_duty import DecodeDuty
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
-from raypd.node.aux_slots import AuxSlots
-from raypd.node.node_core import Held, NodeCore
-from raypd.protocol.messages import OVERLOADED, KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from raypd.node.node_actor import NodeActor
+from raypd.node.node_core import NodeCore
+from raypd.protocol.messages import NodeRequest, StreamEnd
 from raypd.protocol.roles import Role
 
-P = DecodePhase
 
-
-class DecodeNode:
+class DecodeNode(NodeActor):
     role = Role.DECODE
+    duty: DecodeDuty
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None, *,
-                 core: NodeCore | None = None, receiver_name: str | None = None):
-        """`core`: serve on another node's NodeCore (a flex node's one engine), which ticks this
-        node's stages and starts the engine itself; by default the node owns its core.
-        `receiver_name`: its KV receiver's name, unique among the deployment's endpoints (a flex
-        node's sender already goes by the node's name)."""
-        self.name = name
-        owns_core = core is None
-        self.core = core = core or NodeCore(name, self.role, model, engine_options, num_cpus, tick=self._tick,
-                                            on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
-        self.host = core.host
-        engine = core.engine
-        self.transfer_config = cfg = core.transfer_config(transfer_options)
-        self.aux = AuxSlots(aux_slots, engine.device)
-        self.receiver = KVReceiver(engine.kv_cache.pool, self.aux.buffer, cfg, name=receiver_name or name)
-        # The prefill side waits bootstrap_timeout_s for our destination, so waiting longer for
-        # memory here would only reserve blocks for a room the prefill node has already dropped.
-        self.prealloc_timeout_s = min(prealloc_timeout_s or cfg.bootstrap_timeout_s, cfg.bootstrap_timeout_s)
-        self.prealloc = PreallocStage(engine, self.aux, self.prealloc_timeout_s)
-        self.transfer = TransferStage(engine, self.receiver, self.aux)
-        self.running = RunningStage(engine, core.streams)
-        self.requests: dict[str, DecodeRequest] = {}  # every request on the node, whichever its stage
-        # Back-pressure: at most this many wait for KV memory; the next is refused at once (HTTP 429
-        # at the ingress) instead of waiting out the prealloc timeout behind them.
-        self.max_waiting = engine.config.waiting_limit
-        self.num_refused = 0
-        self.num_local = 0   # requests prefilled here (local_prefill), since the start
-        if owns_core:
-            core.start()
+                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret)
+        super().__init__(core, DecodeDuty(core, name, transfer_options, aux_slots, prealloc_timeout_s))
 
-    # -- Ray-callable ---------------------------------------------------------------------------------
     async def generate(self, req: NodeRequest) -> StreamEnd:
         """Decode a request whose prefill runs on the node at req.bootstrap_address (or here, when
-        req.local_prefill), streaming its tokens to req.reply_address; return once it ended (the
-        final chunk and how many tokens the stream carried)."""
-        return await self.core.stream(req, self._add, self._abort)
-
-    async def abort(self, request_id: str) -> None:
-        await self.core.call(self._abort, request_id)
-
-    # -- Ray-callable, every role ---------------------------------------------------------------------
-    async def ready(self) -> dict:
-        return self.core.info()
-
-    async def load_report(self) -> LoadReport:
-        return await self.core.call(self._load_report)
-
-    async def stats(self) -> dict:
-        return await self.core.call(self._stats)
-
-    async def drain_kv_events(self) -> KVEventBatch:
-        return await self.core.call(self.core.drain_kv_events)
-
-    async def kv_snapshot(self) -> tuple[int, list]:
-        return await self.core.call(self.core.kv_snapshot)
-
-    async def check_idle(self) -> dict:
-        return await self.core.call(self._check_idle)
-
-    async def attach_conductor(self, conductor) -> None:
-        await self.core.attach_conductor(conductor, self)
-
-    async def crash_engine(self) -> None:
-        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
-        self.core.crash_engine()
-
-    async def fail_requests(self, n: int) -> int:
-        """Chaos testing: fail the next n requests at once, while the node stays up (NodeCore.fail_requests)."""
-        return await self.core.fail_requests(n)
-
-    async def shutdown(self) -> None:
-        self.core.shutdown()
-        self.receiver.close()
-
-    # -- engine thread ----------------------------------------------------------------------------------
-    def _add(self, req: NodeRequest) -> None:
-        rid = req.request_id
-        try:
-            if rid in self.requests or rid in self.core.engine.requests:
-                raise InvalidRequestError(f"request id {rid!r} is already on this node", "request_id")
-            if not req.bootstrap_address and not req.local_prefill:
-                raise InvalidRequestError("a decode request needs the prefill node's bootstrap address",
-                                          "bootstrap_address")
-            self.core.engine.validate(req.prompt_token_ids, req.params)
-        except InvalidRequestError as e:
-            self.core.streams.push(TokenChunk(rid, (), finished=True, error=str(e)))
-            return
-        # Local prompts the last step left waiting wait for memory as much as prealloc's do.
-        if (blocked := self.prealloc.num_blocked + self.core.engine.num_backlogged()) >= self.max_waiting:
-            self.num_refused += 1
-            self.core.streams.push(TokenChunk(
-                rid, (), True, OVERLOADED, f"decode node {self.name} is full: {blocked} requests already "
-                                           f"wait for KV memory (max_waiting_requests)"))
-            return
-        dr = DecodeRequest(req, t={"arrived": time.time()})
-        if req.local_prefill:
-            self.running.add_local(dr)  # validated above: the engine takes it
-            self.num_local += 1
-        else:
-            self.prealloc.add(dr)
-        self.requests[rid] = dr
-
-    def _abort(self, request_id: str) -> None:
-        dr = self.requests.get(request_id)
-        if dr is None or dr.aborting:
-            return
-        if dr.phase == P.TRANSFER:
-            self.transfer.abort(dr)  # ends once the room is terminal
-            return
-        (self.prealloc if dr.phase == P.PREALLOC else self.running).abort(dr)
-        self._end(dr)
-
-    def _tick(self) -> bool:
-        if self.prealloc:
-            for dr in self.prealloc.pop_ended():
-                dr.error = f"no KV memory for the prompt on {self.name} within {self.prealloc.timeout_s:g}s"
-                dr.overloaded = True
-                self._end(dr)
-            for dr in self.prealloc.pop_ready():
-                try:
-                    self.transfer.add(dr)
-                except Exception as e:  # noqa: BLE001 - bad address or room id: this request fails alone
-                    dr.error = f"cannot open KV room: {e}"
-                    self._end(dr)
-        if self.transfer:
-            for dr in self.transfer.pop_ended():
-                self._end(dr)
-            for dr in self.transfer.pop_ready():
-                try:
-                    self.running.add(dr)
-                except InvalidRequestError as e:
-                    dr.error = str(e)
-                    self._end(dr)
-            self._end_finished(self.running.pop_ready())
-        return bool(self.prealloc or self.transfer)
-
-    def _on_outputs(self, outputs: list[StepOutput]) -> None:
-        self._end_finished(self.running.pop_ready(outputs))
-
-    def _end_finished(self, finished: list[tuple[DecodeRequest, StepOutput]]) -> None:
-        for dr, out in finished:
-            self._end(dr, out)
-
-    def _end(self, dr: DecodeRequest, last: StepOutput | None = None) -> None:
-        """Send the final chunk of a request that left its stage (the stage freed it)."""
-        del self.requests[dr.request_id]
-        dr.t["ended"] = time.time()
-        tokens = tuple(last.new_token_ids) if last is not None else ()
-        reason = last.finish_reason if last is not None else \
-            ("abort" if dr.aborting else OVERLOADED if dr.overloaded else None)
-        error = dr.error if reason in (None, OVERLOADED) else None
-        self.core.streams.push(TokenChunk(dr.request_id, tokens, True, reason, error, dr.num_cached_tokens,
-                                          dr.timings()))
-
-    # -- load and introspection ---------------------------------------------------------------------------
-    def _load_report(self) -> LoadReport:
-        return self.core.load_report(**self._held(), stats=self._role_stats())
-
-    def _held(self) -> Held:
-        """What the stages hold outside the engine, as NodeCore.load_report counts it."""
-        transferring = len(self.transfer) - self.transfer.num_aborting
-        return Held(waiting=len(self.prealloc) + transferring, queued_tokens=0, inflight=transferring)
-
-    def _stats(self) -> dict:
-        return self.core.stats(**self._role_stats())
-
-    def _role_stats(self) -> dict:
-        t = self.transfer
-        queues = {"prealloc": len(self.prealloc), "transfer": len(t) - t.num_aborting, "running": len(self.running),
-                  "aborting": t.num_aborting}
-        return {"queues": queues, "refused": self.num_refused, "local_prefills": self.num_local,
-                "transfer": asdict(self.receiver.stats())}
-
-    def _check_idle(self) -> dict:
-        return self.core.check_idle(**self._still_held())
-
-    def _still_held(self) -> dict[str, int]:
-        """Rooms, endpoint rooms and aux slots in use (zeros when idle)."""
-        return {"rooms": len(self.requests), "endpoint_rooms": self.receiver.stats().rooms,
-                "aux_in_use": len(self.aux.buffer) - self.aux.num_free}
+        req.local_prefill), streaming its tokens to req.reply_address; return once it ended."""
+        return await self.duty.generate(req)

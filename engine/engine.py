@@ -313,7 +313,7 @@ class LLMEngine:
         if req.prefill_only:
             self.scheduler.hold(req)
             return StepOutput(req.request_id, [token], True, "prefilled", req.num_cached_tokens or 0)
-        status = self._stop_status(req, token)
+        status = self._stop_status(req, token, req.max_total_tokens)
         if status is not None:
             self.scheduler.finish(req, status)
             self.sampler.release(req.request_id)
@@ -326,14 +326,16 @@ class LLMEngine:
         or max_tokens reached (a prefill-only request's own limit is one token, whatever max_tokens
         says). A prefill node asks of the first token it holds: the decode node will end the request with it."""
         req = self.requests[request_id]
-        return token in req.stop_token_ids or \
-            req.num_tokens >= self._token_limit(req.num_prompt_tokens, req.params.max_tokens)
+        limit = self._token_limit(req.num_prompt_tokens, req.params.max_tokens)
+        return self._stop_status(req, token, limit) is not None
 
     @staticmethod
-    def _stop_status(req: Request, token: int) -> RequestStatus | None:
+    def _stop_status(req: Request, token: int, max_total_tokens: int) -> RequestStatus | None:
+        """The one stop check: how `token`, the request's latest, ends it within `max_total_tokens`
+        (its own limit when it runs here; ends_with passes the limit its decode side will judge by)."""
         if token in req.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if req.num_tokens >= req.max_total_tokens:
+        if req.num_tokens >= max_total_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
 

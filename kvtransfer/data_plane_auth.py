@@ -38,6 +38,14 @@ log = logging.getLogger(__name__)
 # The environment variable `raypd serve` reads the secret from (a Kubernetes Secret mounts it there).
 SECRET_ENV = "RAYPD_DATA_PLANE_SECRET"
 MIN_SECRET_BYTES = 16
+LOG_EVERY = 1000  # a flood of refused peers logs its first refusal and then one in a thousand
+
+
+def log_refusal(count: int, msg: str, *args: object) -> None:
+    """Log the 1st, 1001st, ... of a repeated refusal, with how many so far: whoever floods the data
+    plane with what it refuses must not flood the log too."""
+    if count % LOG_EVERY == 1:
+        log.warning(msg + " (%d so far)", *args, count)
 _ZAP_DOMAIN = "raypd"
 SocketT = TypeVar("SocketT", bound=zmq.Socket)
 _KEY_CONTEXT = b"raypd data plane curve key v1"
@@ -140,9 +148,7 @@ class _Gate:
         if any(hmac.compare_digest(key, k) for k in self.public_keys):
             return True
         self.refused += 1
-        if self.refused % 1000 == 1:
-            log.warning("data plane: refused a connection that does not hold this deployment's secret "
-                        "(%d refused so far)", self.refused)
+        log_refusal(self.refused, "data plane: refused a connection that does not hold this deployment's secret")
         return False
 
 
@@ -180,9 +186,8 @@ class HandshakeWatch:
         except Exception:  # noqa: BLE001 - a monitor message we cannot parse is still a refusal
             why = "unknown"
         self.refused += 1
-        if self.refused % 1000 == 1:
-            log.warning("data plane: %s refused a connection in the handshake (%s; %d refused so far): "
-                        "a peer without this deployment's secret", self.what, why, self.refused)
+        log_refusal(self.refused, "data plane: %s refused a connection in the handshake (%s): a peer without "
+                    "this deployment's secret", self.what, why)
 
     def close(self) -> None:
         try:

@@ -34,7 +34,7 @@ import zmq
 
 from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, WriteWindow, XferId
 from raypd.kvtransfer.config import TransferConfig
-from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_server, unguard
+from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_server, log_refusal, unguard
 from raypd.kvtransfer.descriptors import coalesce_runs
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
@@ -303,8 +303,7 @@ class TcpBackend(TransferBackend):
 
     def _refuse(self, ident: bytes, h: dict, why: str) -> None:
         self.num_refused += 1
-        if self.num_refused % 1000 == 1:
-            log.warning("tcp: dropped data from %r: %s (%d dropped so far)", ident[:64], why, self.num_refused)
+        log_refusal(self.num_refused, "tcp: dropped data from %r: %s", ident[:64], why)
         if h.get("end"):
             self._ack(ident, h["x"], why)
 

@@ -2,9 +2,9 @@
 
 An LLMEngine owned by an EngineLoop thread, TokenStreams to callers (flushed after every tick and
 every step), a buffer of the engine's KV events, where the actor runs (HostInfo) and its metrics.
-A role class owns one NodeCore and its own stages; it hands the core two callables, `tick` (advance
-the stages; True while transfers need fast polling) and `on_outputs` (deliver a step's outputs), and
-writes its Ray-callable methods with the pieces here. Nothing here knows which role it serves.
+A node actor (node_actor.py) owns one NodeCore and one duty (node_duty.py): start(duty) has the
+engine thread tick the duty's stages and hand it every step's outputs, and the actor writes its
+Ray-callable methods with the pieces here. Nothing here knows which role it serves.
 Only host.py (which asks Ray only when it is initialized), attach_conductor() and a crash touch Ray,
 so a node constructs and runs in a plain process.
 
@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any
 
 from raypd.engine.engine import LLMEngine
 from raypd.engine.outputs import StepOutput
@@ -34,6 +34,7 @@ from raypd.node.conductor_link import ConductorLink, LinkedNode
 from raypd.node.engine_loop import EngineLoop, NodeCrashedError
 from raypd.node.gpu_assignment import GpuAssignment, node_device
 from raypd.node.host import host_info
+from raypd.node.node_duty import DutyLoad, NodeDuty
 from raypd.node.node_metrics import NodeMetrics
 from raypd.node.streams import Reply, TokenStreams
 from raypd.protocol.kv_events import KVEvent
@@ -45,21 +46,9 @@ log = logging.getLogger(__name__)
 RESTART_AFTER_CRASH_S = 0.5  # lets the error chunks and failed replies leave before the process goes
 
 
-def _no_tick() -> bool:
-    return False
-
-
-class Held(TypedDict):
-    """What a role's stages hold outside the engine (NodeCore.load_report adds it to the engine's load)."""
-    waiting: int          # requests not yet in the engine
-    queued_tokens: int    # their prompt tokens
-    inflight: int         # KV handoffs under way
-
-
 class NodeCore:
     def __init__(self, name: str, role: Role, model: str | None = None, engine_options: dict | None = None,
-                 num_cpus: float = 1.0, *, on_outputs: Callable[[list[StepOutput]], None],
-                 tick: Callable[[], bool] = _no_tick, data_plane_secret: DataPlaneSecret | None = None):
+                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None):
         options = dict(engine_options or {})
         # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
         options.setdefault("num_threads", max(1, int(num_cpus)))
@@ -80,12 +69,13 @@ class NodeCore:
         self._failures_to_inject = 0             # fail_requests(): engine thread only
         self._failures_injected = 0
         self.metrics = NodeMetrics()  # records nothing outside Ray
-        self._tick, self._on_outputs = tick, on_outputs
+        self._duty: NodeDuty | None = None  # start() sets it
         self.loop = EngineLoop(self.engine, self._tick_and_flush, self._outputs_and_flush, self._on_crash, name)
         self._conductor_link: ConductorLink | None = None
 
-    def start(self) -> None:
-        """Start the engine thread (once the role has built its stages)."""
+    def start(self, duty: NodeDuty) -> None:
+        """Start the engine thread serving `duty` (built on this core)."""
+        self._duty = duty
         self.loop.start()
 
     def transfer_config(self, options: dict | None) -> TransferConfig:
@@ -139,7 +129,7 @@ class NodeCore:
         return failed
 
     async def stream(self, req: NodeRequest, add: Callable[[NodeRequest], None],
-                     abort: Callable[[str], None]) -> StreamEnd:
+                     abort: Callable[[str, str], None]) -> StreamEnd:
         """Open the request's token stream to req.reply_address, add(req) on the engine thread, and
         return once the request ended, however it ended. Cancelling the call aborts the request."""
         reply = Reply()
@@ -147,7 +137,7 @@ class NodeCore:
             await self.loop.acall(self._open_stream, req, reply, add)
             return await reply.wait()
         except asyncio.CancelledError:
-            self.loop.call(abort, req.request_id)
+            self.loop.call(abort, req.request_id, "aborted by the client")
             raise
 
     async def attach_conductor(self, conductor: Any, node: LinkedNode) -> None:
@@ -170,18 +160,16 @@ class NodeCore:
             self.streams.close()
 
     # -- engine thread ----------------------------------------------------------------------------
-    def load_report(self, waiting: int = 0, queued_tokens: int = 0, inflight: int = 0,
-                    stats: dict | None = None, duty: str = "", duty_order: float = 0.0) -> LoadReport:
-        """The engine's load plus what the role's stages hold outside it (`waiting` requests with
-        `queued_tokens` prompt tokens; `inflight` KV handoffs) and a flex node's duty; also feeds
-        the node's metrics."""
+    def load_report(self, held: DutyLoad, stats: dict | None = None) -> LoadReport:
+        """The engine's load plus what the duty holds outside it, and a flex node's duty; also
+        feeds the node's metrics."""
         load = self.engine.load()
         report = LoadReport(
-            node_name=self.name, role=self.role, queued_prefill_tokens=load.queued_prefill_tokens + queued_tokens,
-            waiting=load.waiting + waiting, running=load.running, free_blocks=load.free_blocks,
-            total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=inflight,
+            node_name=self.name, role=self.role, queued_prefill_tokens=load.queued_prefill_tokens + held.queued_tokens,
+            waiting=load.waiting + held.waiting, running=load.running, free_blocks=load.free_blocks,
+            total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=held.inflight,
             step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
-            duty=duty, duty_order=duty_order)
+            duty=held.duty, duty_order=held.duty_order)
         self.metrics.observe(report, stats)
         return report
 
@@ -221,12 +209,14 @@ class NodeCore:
             self.streams.push(TokenChunk(req.request_id, (), finished=True, error=f"node {self.name}: {e!r}"))
 
     def _tick_and_flush(self) -> bool:
-        busy = self._tick()
+        assert self._duty is not None, "start(duty) runs the engine thread"
+        busy = self._duty.tick()
         self.streams.flush()  # what the calls and the tick produced: final chunks, first tokens
         return busy
 
     def _outputs_and_flush(self, outputs: list[StepOutput]) -> None:
-        self._on_outputs(outputs)
+        assert self._duty is not None, "start(duty) runs the engine thread"
+        self._duty.on_outputs(outputs)
         self.streams.flush()  # one message per caller per step
 
     def _on_crash(self, e: BaseException) -> None:

@@ -1,248 +1,35 @@
-"""PrefillNode: an engine in prefill mode plus a KVSender. One room per request, keyed by the room id
-the caller minted (the decode node knows the same id).
-
-    prefill(req) ─> BootstrapStage ─destination arrived (or early), aux slot─> WaitingStage ─first token─> InflightStage
-        │               │ room FAILED                                  │ room FAILED               │ room terminal
-        │               v                                              v                           v
-        │         PrefillResult(error)                          PrefillResult(error)    PrefillResult(ok / error)
-        └─ max_waiting_requests already wait in the engine's queue ─> PrefillResult(overloaded) at once,
-           no room opened (the caller aborts the decode side)
-    abort(request_id): the stage holding the request aborts its room (WaitingStage also frees the
-                       engine request at once); the request ends when the room is terminal, error "aborted ..."
-    The first token goes to the caller as WaitingStage hands the request on, before its KV leaves
-    (NodeRequest.early_first_token), unless it ends the request.
-
-Each stage's module draws its part. A tick visits only the stages holding requests; the engine's
-step outputs move requests from WaitingStage to InflightStage. Blocks of an INFLIGHT request are never
-freed before the sender says no byte can still move (room terminal): the transport may be reading them.
-"""
+"""PrefillNode: the Ray actor serving the prefill duty (prefill_duty.py draws its lifecycle) on an
+engine of its own. Its calls beyond every node's (node/node_actor.py): prefill, and the prefix
+copies the Conductor orders (prefix_copy.py)."""
 from __future__ import annotations
 
-import time
-from dataclasses import asdict
-
-from raypd.engine.outputs import StepOutput
-from raypd.kvtransfer import KVReceiver, KVSender, TransferState
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
-from raypd.node.aux_slots import AuxSlots
-from raypd.node.node_core import Held, NodeCore
-from raypd.node.streams import Reply
-from raypd.prefill_node.bootstrap_stage import BootstrapStage
-from raypd.prefill_node.inflight_stage import InflightStage
-from raypd.prefill_node.prefill_request import PrefillPhase, PrefillRequest
-from raypd.prefill_node.prefix_copy import PrefixCopies
-from raypd.prefill_node.waiting_stage import WaitingStage
-from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, PrefillResult, TokenChunk
+from raypd.node.node_actor import NodeActor
+from raypd.node.node_core import NodeCore
+from raypd.prefill_node.prefill_duty import PrefillDuty
+from raypd.protocol.messages import NodeRequest, PrefillResult
 from raypd.protocol.roles import Role
 
-P = PrefillPhase
 
-
-class PrefillNode:
+class PrefillNode(NodeActor):
     role = Role.PREFILL
+    duty: PrefillDuty
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 data_plane_secret: DataPlaneSecret | None = None, max_early_prefills: int = 8, *,
-                 core: NodeCore | None = None):
-        """`core`: serve on another node's NodeCore (a flex node's one engine), which ticks this
-        node's stages and starts the engine itself; by default the node owns its core.
-        `max_early_prefills`: requests that may compute before their decode node's destination
-        arrived (bootstrap_stage.py says why; 0: each waits for it, as SGLang's prefill does)."""
-        if max_early_prefills < 0:
-            raise ValueError(f"max_early_prefills must be >= 0, got {max_early_prefills}")
-        self.max_early_prefills = max_early_prefills
-        self.name = name
-        owns_core = core is None
-        self.core = core = core or NodeCore(name, self.role, model, engine_options, num_cpus, tick=self._tick,
-                                            on_outputs=self._on_outputs, data_plane_secret=data_plane_secret)
-        self.host = core.host
-        engine = core.engine
-        self.transfer_config = core.transfer_config(transfer_options)
-        self.aux = AuxSlots(aux_slots, engine.device)
-        self.sender = KVSender(engine.kv_cache.pool, self.aux.buffer, self.transfer_config, name=name)
-        # Receives prefixes other prefill nodes copy here (migration); the same pool, its own endpoint.
-        self.receiver = KVReceiver(engine.kv_cache.pool, self.aux.buffer, self.transfer_config, name=f"{name}-import")
-        self.copies = PrefixCopies(engine, self.sender, self.receiver)
-        self.bootstrap = BootstrapStage(self.sender, self.aux)
-        self.waiting = WaitingStage(engine, self.sender, self.aux)
-        self.inflight = InflightStage(engine, self.sender, self.aux)
-        self._stages: dict[P, BootstrapStage | WaitingStage | InflightStage] = {
-            P.BOOTSTRAP: self.bootstrap, P.WAITING: self.waiting, P.INFLIGHT: self.inflight}
-        self.requests: dict[str, PrefillRequest] = {}  # every request on the node, whichever its stage
-        self.num_completed = 0
-        self.num_failed = 0
-        # Back-pressure: while the engine's last step left this many waiting (no prefill slot or no
-        # memory for them), the next request is refused at once (HTTP 429 at the ingress). Requests
-        # in BootstrapStage are not counted: they wait for their decode side, whose own bound limits
-        # them, and a burst the decode side takes within milliseconds must not be refused here.
-        self.max_waiting = engine.config.waiting_limit
-        self.num_refused = 0
-        if owns_core:
-            core.start()
+                 data_plane_secret: DataPlaneSecret | None = None, max_early_prefills: int = 8):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret)
+        super().__init__(core, PrefillDuty(core, name, transfer_options, aux_slots, max_early_prefills))
 
-    # -- Ray-callable ---------------------------------------------------------------------------------
     async def prefill(self, req: NodeRequest) -> PrefillResult:
         """Serve the request's prefill and KV transfer; returns when its room has ended, either way."""
-        reply = self.core.reply()
-        self.core.loop.call(self._add, req, reply)
-        return await self.core.wait(reply)
+        return await self.duty.prefill(req)
 
-    async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
-        await self.core.call(self._abort, request_id, reason)
-
-    # -- Ray-callable: prefix copies for the Conductor (prefix_copy.py) -------------------------------
     async def export_prefix(self, token_ids: list[int], room: int, target_node: str = "") -> PrefillResult:
-        """Write the cached blocks of token_ids to the node importing room `room`."""
-        reply = self.core.reply()
-        self.core.loop.call(self.copies.export, list(token_ids), room, reply)
-        return await self.core.wait(reply)
+        return await self.duty.export_prefix(token_ids, room, target_node)
 
     async def import_prefix(self, token_ids: list[int], room: int, source_bootstrap_address: str) -> PrefillResult:
-        """Receive the blocks of token_ids from the node exporting room `room` into this prefix cache."""
-        reply = self.core.reply()
-        self.core.loop.call(self.copies.import_, list(token_ids), room, source_bootstrap_address, reply)
-        return await self.core.wait(reply)
+        return await self.duty.import_prefix(token_ids, room, source_bootstrap_address)
 
     async def abort_migration(self, room: int) -> None:
-        await self.core.call(self.copies.abort, room)
-
-    # -- Ray-callable, every role ---------------------------------------------------------------------
-    async def ready(self) -> dict:
-        return self.core.info(bootstrap_address=self.sender.bootstrap_address)
-
-    async def load_report(self) -> LoadReport:
-        return await self.core.call(self._load_report)
-
-    async def stats(self) -> dict:
-        return await self.core.call(self._stats)
-
-    async def drain_kv_events(self) -> KVEventBatch:
-        return await self.core.call(self.core.drain_kv_events)
-
-    async def kv_snapshot(self) -> tuple[int, list]:
-        return await self.core.call(self.core.kv_snapshot)
-
-    async def check_idle(self) -> dict:
-        return await self.core.call(self._check_idle)
-
-    async def attach_conductor(self, conductor) -> None:
-        await self.core.attach_conductor(conductor, self)
-
-    async def crash_engine(self) -> None:
-        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
-        self.core.crash_engine()
-
-    async def shutdown(self) -> None:
-        self.core.shutdown()
-        self.sender.close()
-        self.receiver.close()
-
-    # -- engine thread ----------------------------------------------------------------------------------
-    def _add(self, req: NodeRequest, reply: Reply) -> None:
-        rid = req.request_id
-        if rid in self.requests:
-            reply.set(PrefillResult(rid, False, f"request id {rid!r} is already on this node"))
-            return
-        waiting = self.core.engine.num_backlogged()
-        if waiting >= self.max_waiting:
-            self.num_refused += 1
-            reply.set(PrefillResult(rid, False, f"prefill node {self.name} is full: {waiting} requests already "
-                                                f"wait for prefill compute (max_waiting_requests)", overloaded=True))
-            return
-        pr = PrefillRequest(req, reply, t={"arrived": time.time()})
-        try:
-            self.core.engine.validate(req.prompt_token_ids, req.params, prefill_only=True)
-            self.bootstrap.add(pr)
-        except Exception as e:  # bad prompt, duplicate room: the decode side learns by bootstrap timeout or Abort
-            reply.set(PrefillResult(rid, False, str(e)))
-            return
-        self.requests[rid] = pr
-
-    def _abort(self, request_id: str, reason: str) -> None:
-        pr = self.requests.get(request_id)
-        if pr is not None and not pr.aborting:
-            self._stages[pr.phase].abort(pr, reason)
-
-    def _tick(self) -> bool:
-        if self.bootstrap:
-            self._end(self.bootstrap.pop_ended())
-            for pr in self.bootstrap.pop_ready(self._early_slots()):
-                self.waiting.add(pr)
-        if self.waiting:
-            self._end(self.waiting.pop_ended())
-        if self.inflight:
-            self._end(self.inflight.pop_ended())
-            self._end(self.inflight.pop_ready())
-        copying = self.copies.tick()
-        return bool(self.requests) or copying
-
-    def _early_slots(self) -> int:
-        """How many more requests may enter the engine before their destination arrived."""
-        if not self.max_early_prefills:
-            return 0
-        early = sum(1 for pr in self.requests.values()
-                    if pr.phase > P.BOOTSTRAP and not pr.aborting
-                    and self.sender.poll(pr.room) == TransferState.BOOTSTRAPPING)
-        return max(0, self.max_early_prefills - early)
-
-    def _on_outputs(self, outputs: list[StepOutput]) -> None:
-        for pr in self.waiting.pop_ready(outputs):
-            self._stream_first_token(pr)
-            self.inflight.add(pr)
-
-    def _stream_first_token(self, pr: PrefillRequest) -> None:
-        """The caller's copy of the first token, sent with this step's flush, before the KV write is
-        posted (NodeRequest.early_first_token): its TTFT then pays neither the transfer nor the
-        decode node's step boundary. Not when the token ends the request: the decode node's final
-        chunk carries it, and a stop token must not reach the caller as text."""
-        req = pr.req
-        if req.early_first_token and req.reply_address and \
-                not self.core.engine.ends_with(pr.request_id, pr.first_token):   # the engine holds it, prefilled
-            self.core.streams.post(req.reply_address, TokenChunk(pr.request_id, (pr.first_token,),
-                                                                 num_cached_tokens=pr.num_cached_tokens, early=True))
-
-    def _end(self, ended: list[PrefillRequest]) -> None:
-        """Answer the callers of requests that left their last stage (the stage freed them)."""
-        now = time.time()
-        for pr in ended:
-            del self.requests[pr.request_id]
-            pr.t["ended"] = now
-            if pr.error is None:
-                self.num_completed += 1
-            else:
-                self.num_failed += 1
-            pr.reply.set(PrefillResult(pr.request_id, pr.error is None, pr.error, pr.num_cached_tokens,
-                                       pr.timings()))
-
-    # -- load and introspection ---------------------------------------------------------------------------
-    def _load_report(self) -> LoadReport:
-        return self.core.load_report(**self._held(), stats=self._role_stats())
-
-    def _held(self) -> Held:
-        """What the stages hold outside the engine, as NodeCore.load_report counts it."""
-        b = self.bootstrap
-        return Held(waiting=len(b) - b.num_aborting, queued_tokens=b.num_prompt_tokens,
-                    inflight=len(self.inflight) - self.inflight.num_aborting)
-
-    def _stats(self) -> dict:
-        return self.core.stats(**self._role_stats())
-
-    def _role_stats(self) -> dict:
-        b, w, f = self.bootstrap, self.waiting, self.inflight
-        queues = {"bootstrap": len(b) - b.num_aborting, "queued": len(w) - w.num_aborting,
-                  "inflight": len(f) - f.num_aborting, "aborting": b.num_aborting + w.num_aborting + f.num_aborting}
-        c = self.copies
-        return {"queues": queues, "completed": self.num_completed, "failed": self.num_failed,
-                "refused": self.num_refused, "transfer": asdict(self.sender.stats()),
-                "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed}}
-
-    def _check_idle(self) -> dict:
-        return self.core.check_idle(**self._still_held())
-
-    def _still_held(self) -> dict[str, int]:
-        """Rooms, endpoint rooms, prefix copies and aux slots in use (zeros when idle)."""
-        return {"rooms": len(self.requests),
-                "endpoint_rooms": self.sender.stats().rooms + self.receiver.stats().rooms,
-                "copies": len(self.copies.exports) + len(self.copies.imports),
-                "aux_in_use": len(self.aux.buffer) - self.aux.num_free}
+        await self.duty.abort_migration(room)

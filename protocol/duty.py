@@ -1,6 +1,6 @@
 """Duty: which half of requests a flex node takes right now, and its drain between the two.
 
-A flex node (node/flex_node.py) holds a prefill node's stages and a decode node's stages on one engine,
+A flex node (flex_node/flex_node.py) holds a prefill duty and a decode duty on one engine (DutySwitch),
 so it can serve either half; the Conductor's planner (conductor/planners/duties.py) assigns which. A
 change never drops work: the node first finishes what its old duty holds, taking nothing new (the
 Conductor routes nothing to a draining node), then reports the new duty and is routed to as such.

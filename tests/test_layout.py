@@ -13,25 +13,44 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # The installed subpackages of raypd and the folders they come from (pyproject.toml's package-dir).
-PACKAGES = ("engine", "kvtransfer", "protocol", "node", "prefill_node", "decode_node", "conductor", "cluster",
-            "metrics", "benchmarks")
+PACKAGES = ("engine", "kvtransfer", "protocol", "node", "prefill_node", "decode_node", "flex_node", "conductor",
+            "cluster", "metrics", "benchmarks")
+# What each package may import, every package named: the one way dependencies point
+# (cluster -> conductor, the node roles -> node -> kvtransfer, engine -> protocol).
+BELOW_NODES = {"engine", "kvtransfer", "protocol", "metrics"}
+ALLOWED = {
+    "protocol": set(), "kvtransfer": set(), "metrics": set(), "engine": {"protocol"},
+    "conductor": {"protocol", "metrics"},
+    "node": BELOW_NODES,
+    "prefill_node": BELOW_NODES | {"node"},
+    "decode_node": BELOW_NODES | {"node"},
+    "flex_node": BELOW_NODES | {"node", "prefill_node", "decode_node"},
+    "cluster": BELOW_NODES | {"conductor", "node", "prefill_node", "decode_node", "flex_node"},
+    "benchmarks": set(PACKAGES) - {"benchmarks"},
+}
 MAX_MODULES_PER_FOLDER = 15
 
 
-def _package_folders() -> list[Path]:
-    return [REPO / p for p in PACKAGES if (REPO / p / "__init__.py").exists()]
+def _package_folders(repo: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
+    return [repo / p for p in packages if (repo / p / "__init__.py").exists()]
 
 
-def _modules() -> dict[str, Path]:
+def _modules(repo: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Dotted name (raypd.engine.cache.radix_cache; a package is its __init__) -> file."""
-    out = {"raypd": REPO / "raypd" / "__init__.py"}
-    for folder in _package_folders():
+    out = {"raypd": repo / "raypd" / "__init__.py"}
+    for folder in _package_folders(repo, packages):
         for f in folder.rglob("*.py"):
-            parts = ["raypd", *f.relative_to(REPO).with_suffix("").parts]
+            parts = ["raypd", *f.relative_to(repo).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = f
     return out
+
+
+def test_every_top_level_package_is_known():
+    folders = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"raypd", "tests"}
+    assert folders == set(PACKAGES), f"tests/test_layout.py's PACKAGES lacks {folders - set(PACKAGES)}"
+    assert set(ALLOWED) == set(PACKAGES), f"no allowed dependencies stated for {set(PACKAGES) - set(ALLOWED)}"
 
 
 def test_setuptools_maps_every_package_folder():
@@ -75,8 +94,7 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
-def test_no_import_cycles_counting_function_level_imports():
-    modules = _modules()
+def _import_graph(modules: dict[str, Path]) -> nx.DiGraph:
     known = set(modules)
     graph = nx.DiGraph()
     for name, path in modules.items():
@@ -85,26 +103,53 @@ def test_no_import_cycles_counting_function_level_imports():
     # A package's __init__ that re-exports its own modules is not a cycle with them: importing a
     # submodule runs the parent's __init__ first, which is Python's own order, not our dependency.
     graph.remove_edges_from([(a, b) for a, b in list(graph.edges) if a.startswith(b + ".")])
-    cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
-    assert not cycles, f"import cycles: {cycles}"
+    return graph
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else "raypd"
+
+
+def import_cycles(modules: dict[str, Path]) -> tuple[list[list[str]], list[list[str]]]:
+    """(cycles among modules, cycles among top-level packages): two packages can import each other
+    through different modules with no module cycle, and that is still a knot in the layering."""
+    graph = _import_graph(modules)
+    packages = nx.DiGraph((_package(a), _package(b)) for a, b in graph.edges if _package(a) != _package(b))
+    return ([sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1],
+            [sorted(c) for c in nx.strongly_connected_components(packages) if len(c) > 1])
+
+
+def test_no_import_cycles_counting_function_level_imports():
+    module_cycles, package_cycles = import_cycles(_modules())
+    assert not module_cycles, f"import cycles: {module_cycles}"
+    assert not package_cycles, f"package cycles: {package_cycles}"
+
+
+def test_a_package_cycle_without_a_module_cycle_is_found(tmp_path):
+    # roles/a.py imports core/b.py, and core/c.py imports roles/d.py: no module imports itself back,
+    # but the packages form a knot (as node/flex_node.py once made with the role packages).
+    files = {"raypd/__init__.py": "", "roles/__init__.py": "", "core/__init__.py": "",
+             "roles/a.py": "from raypd.core import b\n", "core/b.py": "",
+             "core/c.py": "def late():\n    from raypd.roles.d import X\n", "roles/d.py": "X = 1\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    module_cycles, package_cycles = import_cycles(_modules(tmp_path, ("roles", "core")))
+    assert module_cycles == [] and package_cycles == [["core", "roles"]]
 
 
 def test_dependencies_point_one_way():
-    """engine imports only protocol; kvtransfer imports no other raypd package; conductor no torch-side one."""
+    """Each package imports only what ALLOWED says (engine only protocol, kvtransfer nothing, node no role)."""
     modules = _modules()
     known = set(modules)
-    allowed = {
-        "protocol": set(), "kvtransfer": set(), "metrics": set(), "engine": {"protocol"},
-        "conductor": {"protocol", "metrics"},
-    }
     wrong = []
     for name, path in modules.items():
         parts = name.split(".")
-        if len(parts) < 2 or parts[1] not in allowed:
+        if len(parts) < 2:
             continue
         for dep in _imports(name, path, known):
-            dep_pkg = dep.split(".")[1] if dep.count(".") else "raypd"
-            if dep_pkg != parts[1] and dep_pkg not in allowed[parts[1]]:
+            dep_pkg = _package(dep)
+            if dep_pkg != parts[1] and dep_pkg not in ALLOWED[parts[1]]:
                 wrong.append(f"{name} -> {dep}")
     assert not wrong, wrong
 
@@ -198,3 +243,16 @@ def test_public_entry_points_resolve_outside_the_checkout(tmp_path):
     assert bench.returncode == 0, bench.stderr
     for name in ("pd", "transfer", "engine", "routing", "conductor", "streaming"):
         assert name in bench.stdout, f"raypd bench {name} is gone"
+
+
+def test_node_classes_reach_into_no_other_object_private_parts():
+    """The node packages compose (a core, a duty, stages) through public interfaces: no `x._name`
+    on anything but self, which is how FlexNode once drove both role classes."""
+    reaches = []
+    for pkg in ("node", "prefill_node", "decode_node", "flex_node"):
+        for f in (REPO / pkg).rglob("*.py"):
+            for n in ast.walk(ast.parse(f.read_text())):
+                if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__") and \
+                        not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+                    reaches.append(f"{f.relative_to(REPO)}:{n.lineno} {ast.unparse(n)}")
+    assert not reaches, reaches

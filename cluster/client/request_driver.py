@@ -28,6 +28,7 @@ from dataclasses import replace
 
 import ray
 
+from raypd.cluster.client.fire import fire
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.token_receiver import TokenReceiver, TokenStream
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
@@ -37,6 +38,7 @@ from raypd.protocol.roles import Role
 from raypd.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+ABORT_S = 30  # a best-effort abort: the request is already over for the caller
 
 
 class RequestDriver:
@@ -114,7 +116,7 @@ class RequestDriver:
                 prefill_refused.set()
             else:
                 return
-            _fire(untracked(decode.actor.abort).remote(req.request_id))
+            fire(untracked(decode.actor.abort).remote(req.request_id), ABORT_S)
         watch.add_done_callback(on_prefill_end)
         try:
             async with aclosing(self._relay(decode, req, stream, also_abort=(prefill, prefill_ref))) as chunks:
@@ -132,7 +134,7 @@ class RequestDriver:
         elif prefill_refused.is_set():  # no KV could come: whatever the decode side said, it was the refusal
             final = replace(final, finish_reason=OVERLOADED, error=watch.result().error)
         if final.error:  # the decode side is over: free the prefill side now, whatever it holds
-            _fire(untracked(prefill.actor.abort).remote(req.request_id))
+            fire(untracked(prefill.actor.abort).remote(req.request_id), ABORT_S)
         final, prefill_failed = await self._with_prefill_timings(final, prefill_ref)
         if final.error:
             # The stream's own failure (the decode node died or fell silent) is the decode node's;
@@ -154,11 +156,11 @@ class RequestDriver:
         finally:
             stream.close()
             if not stream.node_done:
-                _fire(untracked(node.actor.abort).remote(req.request_id))
+                fire(untracked(node.actor.abort).remote(req.request_id), ABORT_S)
                 if also_abort is not None:
                     prefill, prefill_ref = also_abort
-                    _fire(untracked(prefill.actor.abort).remote(req.request_id))
-                    _fire(prefill_ref)
+                    fire(untracked(prefill.actor.abort).remote(req.request_id), ABORT_S)
+                    fire(prefill_ref, ABORT_S)
 
     async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> tuple[TokenChunk, bool]:
         """Merge the prefill node's phase timings into the final chunk (bounded wait: the decode side
@@ -184,13 +186,3 @@ async def _outcome(ref):
         return await ref
     except BaseException as e:  # noqa: BLE001 - handed to the caller as a value
         return e
-
-
-def _fire(ref) -> None:
-    """Let a call run without awaiting it; swallow its outcome (the node may be dead)."""
-    async def _await():
-        try:
-            await asyncio.wait_for(ref, 30)
-        except Exception:  # noqa: BLE001 - best effort: the request is already over for the caller
-            pass
-    asyncio.ensure_future(_await())

@@ -33,7 +33,7 @@ ROLE_LABEL = "raypd.io/role"
 NODE_CLASSES = {Role.PREFILL: ("raypd.prefill_node.prefill_node", "PrefillNode"),
                 Role.DECODE: ("raypd.decode_node.decode_node", "DecodeNode"),
                 Role.MIXED: ("raypd.node.mixed_node", "MixedNode"),
-                Role.FLEX: ("raypd.node.flex_node", "FlexNode")}
+                Role.FLEX: ("raypd.flex_node.flex_node", "FlexNode")}
 
 
 class ClusterStartError(RuntimeError):
@@ -71,7 +71,7 @@ class ClusterSpec:
     # Conductor may let a decode node prefill a prompt itself, and decode nodes compute at most this
     # many prompt tokens per step (EngineConfig.max_prefill_tokens_per_step). Needs a policy and PD nodes.
     local_prefill_budget: int | None = None
-    # Start the PD nodes as flex nodes (node/flex_node.py): prefill_nodes of them in the prefill duty,
+    # Start the PD nodes as flex nodes (flex_node/flex_node.py): prefill_nodes of them in the prefill duty,
     # decode_nodes in the decode duty, and the Conductor's duty planner moves them between the two as
     # the load shifts (conductor/planners/duties.py). With local_prefill_budget it may leave no node in
     # the prefill duty (every node then prefills its own prompts). Needs a policy.

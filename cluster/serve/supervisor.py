@@ -22,11 +22,13 @@ from typing import Any
 
 import ray
 
+from raypd.cluster.client.fire import fire
 from raypd.cluster.client.membership import Member, Membership, MemberState
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.metrics.task_events import untracked
 
 log = logging.getLogger(__name__)
+MARK_DEAD_S = 10  # best effort: the Conductor's heartbeat timeout is the backstop
 
 
 def state_after(error: BaseException) -> MemberState:
@@ -126,7 +128,7 @@ class NodeSupervisor:
         if member.state is MemberState.LIVE:
             log.warning("node %s left routing (%s): %s", member.name, state.value, reason)
             if self.conductor is not None:
-                _fire(self.conductor.mark_dead.remote(member.name, f"node pool: {reason}"))
+                fire(self.conductor.mark_dead.remote(member.name, f"node pool: {reason}"), MARK_DEAD_S)
         self._set(replace(member, state=state, reason=reason), changed=None)
 
     async def _probe_conductor(self) -> None:
@@ -171,12 +173,3 @@ class NodeSupervisor:
     def _build(self) -> Membership:
         return Membership(self._version, tuple(self._members.values()), self.conductor, self._conductor_state,
                           self._conductor_incarnation)
-
-
-def _fire(ref) -> None:
-    async def _await():
-        try:
-            await asyncio.wait_for(ref, 10)
-        except Exception:  # noqa: BLE001 - best effort: the Conductor's heartbeat timeout is the backstop
-            pass
-    asyncio.ensure_future(_await())

@@ -304,7 +304,7 @@ class Simulation:
                           duty=self.duty[name].value, duty_order=self.duty_order[name])
 
     def _settle(self, name: str) -> None:
-        """End a drain once the old half holds nothing (FlexNode._settle)."""
+        """End a drain once the old half holds nothing (flex_node/duty_switch.py: DutySwitch._settle)."""
         old = self.duty[name].draining
         if old is None:
             return

@@ -89,7 +89,7 @@ def test_greedy_equals_transformers_through_a_prefill_and_a_decode_node(family):
     decode = DecodeNode("fam-decode", model=str(folder), engine_options=engine, transfer_options=PATIENT, aux_slots=4)
     sink = TokenSink()
     try:
-        reqs = [request(ids, GREEDY, prefill.sender.bootstrap_address, sink.address) for ids in PROMPTS]
+        reqs = [request(ids, GREEDY, prefill.duty.sender.bootstrap_address, sink.address) for ids in PROMPTS]
 
         async def main():
             await asyncio.gather(prefill.ready(), decode.ready())

@@ -57,7 +57,7 @@ def local(sink: TokenSink, ids, params=GREEDY) -> NodeRequest:
 def test_local_and_split_requests_share_the_decode_node_and_equal_one_engine(nodes, sink, make_llm):
     prefill, decode = nodes
     prompts = [prompt(40, 300), prompt(9, 7000), prompt(33, 20000), prompt(17, 9000)]
-    split = [request(ids, GREEDY, prefill.sender.bootstrap_address, sink.address) for ids in prompts[:2]]
+    split = [request(ids, GREEDY, prefill.duty.sender.bootstrap_address, sink.address) for ids in prompts[:2]]
     loc = [local(sink, ids) for ids in prompts[2:]]
 
     async def main():
@@ -81,7 +81,7 @@ def test_a_next_turn_on_the_local_path_reuses_the_decode_nodes_cache(nodes, sink
     request; the second turn, prefilled there, computes only what is new."""
     prefill, decode = nodes
     first = prompt(48, 4000)
-    turn1 = request(first, GREEDY, prefill.sender.bootstrap_address, sink.address)
+    turn1 = request(first, GREEDY, prefill.duty.sender.bootstrap_address, sink.address)
 
     async def one_turn():
         _, end = await asyncio.gather(prefill.prefill(turn1), decode.generate(turn1))

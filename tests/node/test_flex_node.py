@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from raypd.node.flex_node import FlexNode
+from raypd.flex_node.flex_node import FlexNode
 from raypd.protocol.duty import Duty
 from raypd.protocol.messages import NodeRequest
 from tests.node.pd import GREEDY, PATIENT, WAIT_S, assert_idle, prompt, request, stop_nodes, stream_tokens, wait_held
@@ -39,8 +39,8 @@ def idle_before_and_after(nodes):
 def test_each_node_prefills_for_the_other_while_decoding_its_prompts(nodes, sink, make_llm):
     a, b = nodes
     prompts = [prompt(40, 300), prompt(9, 7000), prompt(33, 20000), prompt(17, 9000), prompt(25, 15000)]
-    a_to_b = [request(ids, GREEDY, a.prefill_half.sender.bootstrap_address, sink.address) for ids in prompts[:2]]
-    b_to_a = [request(ids, GREEDY, b.prefill_half.sender.bootstrap_address, sink.address) for ids in prompts[2:4]]
+    a_to_b = [request(ids, GREEDY, a.duty.prefill.sender.bootstrap_address, sink.address) for ids in prompts[:2]]
+    b_to_a = [request(ids, GREEDY, b.duty.prefill.sender.bootstrap_address, sink.address) for ids in prompts[2:4]]
     r = request(prompts[4], GREEDY, "", sink.address)
     on_a_alone = NodeRequest(r.request_id, r.room, r.prompt_token_ids, r.params, reply_address=r.reply_address,
                              local_prefill=True)
@@ -63,12 +63,12 @@ def test_a_duty_change_drains_the_old_duty_first(nodes, sink, make_llm):
     """a is a prefill node holding a prompt whose decode side has not come yet: set_duty(decode) cannot
     settle until that prefill ends, and a reports the drain meanwhile (the Conductor routes it nothing)."""
     a, b = nodes
-    req = request(prompt(30, 4000), GREEDY, a.prefill_half.sender.bootstrap_address, sink.address)
+    req = request(prompt(30, 4000), GREEDY, a.duty.prefill.sender.bootstrap_address, sink.address)
 
     async def main():
         before = (await a.stats())["duty_changes"]
         prefill = asyncio.ensure_future(a.prefill(req))
-        await wait_held(a, 1)   # computed at once, its write armed until the decode side comes
+        await wait_held(a, 1, ("inflight",))   # computed at once, its write armed until the decode side comes
         assert await a.set_duty("decode") == Duty.TO_DECODE.value
         report = await a.load_report()
         assert report.duty == Duty.TO_DECODE.value and report.waiting + report.inflight == 1
@@ -92,7 +92,7 @@ def test_an_idle_node_changes_duty_at_once_and_a_drain_can_be_called_off(nodes, 
     assert asyncio.run(b.set_duty("prefill", 1234.5)) == Duty.PREFILL.value    # held nothing: settled at once
     report = asyncio.run(b.load_report())   # echoes the order's stamp, so the Conductor believes it
     assert (report.duty, report.duty_order) == (Duty.PREFILL.value, 1234.5)
-    req = request(prompt(20, 600), GREEDY, b.prefill_half.sender.bootstrap_address, sink.address)
+    req = request(prompt(20, 600), GREEDY, b.duty.prefill.sender.bootstrap_address, sink.address)
 
     async def main():
         prefill = asyncio.ensure_future(b.prefill(req))

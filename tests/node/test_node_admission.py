@@ -71,7 +71,7 @@ class FullDecodeQueue:
 
     def __init__(self, nodes, sink):
         self.prefill, self.decode = nodes
-        address = self.prefill.sender.bootstrap_address
+        address = self.prefill.duty.sender.bootstrap_address
         self.reqs = [request(prompt(BIG, start), GREEDY, address, sink.address) for start in (10000, 20000)]
         self.sink = sink
         self.ends: list[asyncio.Future] = []
@@ -80,7 +80,7 @@ class FullDecodeQueue:
         for r, stage in zip(self.reqs, ("transfer", "prealloc")):
             self.ends.append(asyncio.ensure_future(self.decode.generate(r)))
             await wait_queue(self.decode, stage, 1)
-        await until(lambda: self.decode.prealloc.num_blocked == 1, "a tick to find no memory for the second")
+        await until(lambda: self.decode.duty.prealloc.num_blocked == 1, "a tick to find no memory for the second")
         return self
 
     async def __aexit__(self, *exc):
@@ -97,13 +97,13 @@ class FullPrefillQueue:
 
     def __init__(self, nodes, sink):
         self.prefill, self.decode = nodes
-        address = self.prefill.sender.bootstrap_address
+        address = self.prefill.duty.sender.bootstrap_address
         self.reqs = [request(prompt(n, start), GREEDY, address, sink.address) for n, start in ((BIG, 30000), (40, 40000))]
         self.sink = sink
         self.calls: list[asyncio.Future] = []
 
     async def __aenter__(self):
-        self.prefill.sender.backend.hold_writes = True  # type: ignore[attr-defined]  # the fake backend's switch
+        self.prefill.duty.sender.backend.hold_writes = True  # type: ignore[attr-defined]  # the fake backend's switch
         for r, stage in zip(self.reqs, ("inflight", "queued")):
             self.calls += [asyncio.ensure_future(self.prefill.prefill(r)), asyncio.ensure_future(self.decode.generate(r))]
             await wait_queue(self.prefill, stage, 1)
@@ -111,8 +111,8 @@ class FullPrefillQueue:
         return self
 
     async def __aexit__(self, *exc):
-        self.prefill.sender.backend.hold_writes = False  # type: ignore[attr-defined]
-        self.prefill.sender.backend.complete_held()  # type: ignore[attr-defined]
+        self.prefill.duty.sender.backend.hold_writes = False  # type: ignore[attr-defined]
+        self.prefill.duty.sender.backend.complete_held()  # type: ignore[attr-defined]
         results = await asyncio.gather(*self.calls)
         assert all(r.ok for r in results[0::2]), results[0::2]
         assert all(e.final.finish_reason in ("stop", "length") for e in results[1::2]), results[1::2]
@@ -131,7 +131,7 @@ def refusal(chunks: list[TokenChunk]) -> TokenChunk:
 
 def test_a_full_decode_node_refuses_at_once_and_holds_nothing(nodes, sink):
     prefill, decode = nodes
-    late = request(prompt(20, 3000), GREEDY, prefill.sender.bootstrap_address, sink.address)
+    late = request(prompt(20, 3000), GREEDY, prefill.duty.sender.bootstrap_address, sink.address)
 
     async def main():
         async with FullDecodeQueue(nodes, sink):
@@ -147,7 +147,7 @@ def test_a_full_decode_node_refuses_at_once_and_holds_nothing(nodes, sink):
 
 def test_a_full_prefill_node_refuses_at_once_without_opening_a_room(nodes, sink):
     prefill, _ = nodes
-    late = request(prompt(20, 4000), GREEDY, prefill.sender.bootstrap_address, sink.address)
+    late = request(prompt(20, 4000), GREEDY, prefill.duty.sender.bootstrap_address, sink.address)
 
     async def main():
         async with FullPrefillQueue(nodes, sink):
@@ -175,7 +175,7 @@ class InProcessActor:
 def handles(nodes) -> tuple[NodeHandle, NodeHandle]:
     prefill, decode = nodes
     host = HostInfo("n0", "127.0.0.1", "localhost", 0)
-    return (NodeHandle(prefill.name, Role.PREFILL, InProcessActor(prefill), host, 40, prefill.sender.bootstrap_address),
+    return (NodeHandle(prefill.name, Role.PREFILL, InProcessActor(prefill), host, 40, prefill.duty.sender.bootstrap_address),
             NodeHandle(decode.name, Role.DECODE, InProcessActor(decode), host, 64))
 
 

@@ -53,12 +53,12 @@ def idle_before_and_after(nodes):
     asyncio.run(assert_idle(*nodes))
     yield
     prefill, _ = nodes
-    prefill.sender.backend.hold_writes = False  # type: ignore[attr-defined]  # the fake backend's switch
+    prefill.duty.sender.backend.hold_writes = False  # type: ignore[attr-defined]  # the fake backend's switch
     asyncio.run(assert_idle(*nodes))
 
 
 def pd_request(nodes, sink, ids, params=GREEDY) -> NodeRequest:
-    return request(ids, params, nodes[0].sender.bootstrap_address, sink.address)
+    return request(ids, params, nodes[0].duty.sender.bootstrap_address, sink.address)
 
 
 def test_requests_go_through_both_nodes_and_equal_one_engine(nodes, sink, make_llm):
@@ -96,7 +96,7 @@ def test_abort_in_bootstrap(sink):
     BootstrapStage, holding nothing but its room."""
     prefill = PrefillNode("sglang-order", engine_options={"num_blocks": PREFILL_BLOCKS}, transfer_options=PATIENT,
                           aux_slots=4, max_early_prefills=0)
-    req = request(prompt(20, 300), GREEDY, prefill.sender.bootstrap_address, sink.address)
+    req = request(prompt(20, 300), GREEDY, prefill.duty.sender.bootstrap_address, sink.address)
 
     async def main():
         try:
@@ -191,7 +191,7 @@ def test_abort_while_the_prefill_waits_in_the_engine(nodes, sink, who):
     waiter = pd_request(nodes, sink, prompt(14 * 16, 5000))
 
     async def main():
-        prefill.sender.backend.hold_writes = True  # type: ignore[attr-defined]
+        prefill.duty.sender.backend.hold_writes = True  # type: ignore[attr-defined]
         held = [asyncio.ensure_future(c) for c in (prefill.prefill(holder), decode.generate(holder))]
         await wait_queue(prefill, "inflight", 1)
         waiting = [asyncio.ensure_future(c) for c in (prefill.prefill(waiter), decode.generate(waiter))]
@@ -201,8 +201,8 @@ def test_abort_while_the_prefill_waits_in_the_engine(nodes, sink, who):
         assert load.queued_prefill_tokens == 14 * 16  # none of it computed
         await (prefill.abort(waiter.request_id) if who == "prefill" else decode.abort(waiter.request_id))
         aborted = await asyncio.gather(*waiting)
-        prefill.sender.backend.hold_writes = False  # type: ignore[attr-defined]
-        assert prefill.sender.backend.complete_held() == 1  # type: ignore[attr-defined]
+        prefill.duty.sender.backend.hold_writes = False  # type: ignore[attr-defined]
+        assert prefill.duty.sender.backend.complete_held() == 1  # type: ignore[attr-defined]
         return aborted, await asyncio.gather(*held)
     (res, end), (held_res, held_end) = asyncio.run(main())
     assert not res.ok and not end.final.token_ids
@@ -223,17 +223,17 @@ def test_abort_while_the_kv_is_in_flight(nodes, sink, who, revocable):
     The decode node's destination blocks stay held too when it cannot refuse the write (nixl's
     one-sided writes); when it can (tcp, the fake), they are freed at once and the write is refused."""
     prefill, decode = nodes
-    decode.receiver.backend.revocable = revocable
+    decode.duty.receiver.backend.revocable = revocable
     req = pd_request(nodes, sink, prompt(40, 9000))
 
     async def main():
-        prefill.sender.backend.hold_writes = True  # type: ignore[attr-defined]
-        prefill.sender.backend.unrecallable_writes = True  # type: ignore[attr-defined]
+        prefill.duty.sender.backend.hold_writes = True  # type: ignore[attr-defined]
+        prefill.duty.sender.backend.unrecallable_writes = True  # type: ignore[attr-defined]
         both = [asyncio.ensure_future(c) for c in (prefill.prefill(req), decode.generate(req))]
         await wait_queue(prefill, "inflight", 1)
         await wait_queue(decode, "transfer", 1)
         before = decode.core.engine.kv_cache.pool.clone()
-        refused = decode.receiver.backend.num_refused  # type: ignore[attr-defined]
+        refused = decode.duty.receiver.backend.num_refused  # type: ignore[attr-defined]
         if who == "prefill":  # the client went away: like the driver, abort on both sides
             await prefill.abort(req.request_id)
         await decode.abort(req.request_id)
@@ -247,10 +247,10 @@ def test_abort_while_the_kv_is_in_flight(nodes, sink, who, revocable):
         # writes) the reservation.
         assert (await prefill.check_idle())["requests"] == 1
         assert (await decode.stats())["reservations"] == (0 if revocable else 1)
-        prefill.sender.backend.hold_writes = False  # type: ignore[attr-defined]
-        assert prefill.sender.backend.complete_held() == 1  # type: ignore[attr-defined]
+        prefill.duty.sender.backend.hold_writes = False  # type: ignore[attr-defined]
+        assert prefill.duty.sender.backend.complete_held() == 1  # type: ignore[attr-defined]
         if revocable:  # the late write was refused: the freed blocks kept their bytes
-            assert decode.receiver.backend.num_refused == refused + 1  # type: ignore[attr-defined]
+            assert decode.duty.receiver.backend.num_refused == refused + 1  # type: ignore[attr-defined]
             assert torch.equal(decode.core.engine.kv_cache.pool, before)
         return await asyncio.gather(*both)
     res, end = asyncio.run(main())

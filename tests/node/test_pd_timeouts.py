@@ -34,7 +34,7 @@ def nodes():
 def idle_before_and_after(nodes):
     asyncio.run(assert_idle(*nodes))
     yield
-    nodes[0].sender.backend.hold_writes = False  # type: ignore[attr-defined]  # the fake backend's switch
+    nodes[0].duty.sender.backend.hold_writes = False  # type: ignore[attr-defined]  # the fake backend's switch
     asyncio.run(assert_idle(*nodes))
 
 
@@ -57,9 +57,9 @@ def test_prealloc_timeout(nodes, sink):
     """`holder` keeps 16 of the decode node's 24 blocks while the prefill node's engine thread is
     held still; `late` needs 10 and gives up after the prealloc timeout. Then `holder` finishes."""
     prefill, decode = nodes
-    holder = request(prompt(16 * 16, 1000), bootstrap_address=prefill.sender.bootstrap_address,
+    holder = request(prompt(16 * 16, 1000), bootstrap_address=prefill.duty.sender.bootstrap_address,
                      reply_address=sink.address)
-    late = request(prompt(10 * 16, 5000), bootstrap_address=prefill.sender.bootstrap_address,
+    late = request(prompt(10 * 16, 5000), bootstrap_address=prefill.duty.sender.bootstrap_address,
                    reply_address=sink.address)
     gate = threading.Event()
 
@@ -86,10 +86,10 @@ def test_prealloc_timeout(nodes, sink):
 
 def test_transfer_timeout(nodes, sink):
     prefill, decode = nodes
-    req = request(prompt(40, 9000), bootstrap_address=prefill.sender.bootstrap_address, reply_address=sink.address)
+    req = request(prompt(40, 9000), bootstrap_address=prefill.duty.sender.bootstrap_address, reply_address=sink.address)
 
     async def main():
-        prefill.sender.backend.hold_writes = True  # type: ignore[attr-defined]  # the write never completes
+        prefill.duty.sender.backend.hold_writes = True  # type: ignore[attr-defined]  # the write never completes
         return await asyncio.gather(prefill.prefill(req), decode.generate(req))
     res, end = asyncio.run(main())
     assert not res.ok and res.error is not None and res.error.startswith("transfer timeout")

@@ -1,0 +1,72 @@
+"""NodeActor: the Ray-callable surface every node class shares, over one NodeCore and one NodeDuty.
+
+A role class (PrefillNode, DecodeNode, MixedNode, FlexNode) builds its core, builds its duty on it,
+hands both here, and adds only the calls of its own role (prefill, generate, set_duty...). What the
+Conductor, the node pool, the benches and the tests call on every node lives here once: identity,
+load, stats, KV events and snapshots, idleness, the Conductor link, abort, the chaos hooks, shutdown.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from raypd.node.node_core import NodeCore
+from raypd.node.node_duty import NodeDuty
+from raypd.protocol.messages import KVEventBatch, LoadReport
+from raypd.protocol.roles import Role
+
+
+class NodeActor:
+    role: ClassVar[Role]
+
+    def __init__(self, core: NodeCore, duty: NodeDuty):
+        """Start serving `duty` on `core`'s engine thread."""
+        self.core, self.duty = core, duty
+        self.name, self.host = core.name, core.host
+        core.start(duty)
+
+    async def ready(self) -> dict:
+        return self.core.info(**self.duty.ready_info())
+
+    async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
+        await self.core.call(self.duty.abort, request_id, reason)
+
+    async def load_report(self) -> LoadReport:
+        return await self.core.call(self._load_report)
+
+    async def stats(self) -> dict:
+        return await self.core.call(self._stats)
+
+    async def drain_kv_events(self) -> KVEventBatch:
+        return await self.core.call(self.core.drain_kv_events)
+
+    async def kv_snapshot(self) -> tuple[int, list]:
+        return await self.core.call(self.core.kv_snapshot)
+
+    async def check_idle(self) -> dict:
+        return await self.core.call(self._check_idle)
+
+    async def attach_conductor(self, conductor: Any) -> None:
+        await self.core.attach_conductor(conductor, self)
+
+    async def crash_engine(self) -> None:
+        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
+        self.core.crash_engine()
+
+    async def fail_requests(self, n: int) -> int:
+        """Chaos testing: fail the next n streamed requests at once, while the node stays up
+        (NodeCore.fail_requests)."""
+        return await self.core.fail_requests(n)
+
+    async def shutdown(self) -> None:
+        self.core.shutdown()
+        self.duty.close()
+
+    # -- engine thread ----------------------------------------------------------------------------
+    def _load_report(self) -> LoadReport:
+        return self.core.load_report(self.duty.load(), stats=self.duty.role_stats())
+
+    def _stats(self) -> dict:
+        return self.core.stats(**self.duty.role_stats())
+
+    def _check_idle(self) -> dict:
+        return self.core.check_idle(**self.duty.still_held())
