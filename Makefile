@@ -26,12 +26,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p raypd
 
-test: lint
-	$(PY) -m pytest -q tests
+# Two pytest-xdist workers (tests/conftest.py keeps the tests that share a cluster on one), then the
+# few tests that look at every process on the machine, alone. Prints the whole run's wall time.
+test: $(STAMP)
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory lint && \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not serial" tests && \
+	$(PY) -m pytest -q -m serial tests; \
+	rc=$$?; echo "make test: $$(( $$(date +%s) - start )) s wall for lint, types and every test (exit $$rc)"; exit $$rc
 
 # The one-process tests only (no Ray, no servers): a couple of minutes.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not cluster" tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not cluster" tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_throughput.py --json bench-results/engine_throughput.json

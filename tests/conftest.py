@@ -39,6 +39,15 @@ def make_llm():
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny random Llama with the default tokenizer (tests/tiny_model.py), for the tests about
+    serving, failures and accounting rather than about the real model's tokens."""
+    from tests.tiny_model import build_tiny_llama
+
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session")
 def llm(make_llm):
     return make_llm()
 
@@ -96,6 +105,29 @@ def one_process_tests_start_no_ray(request):
         ray = sys.modules.get("ray")
         assert ray is None or not ray.is_initialized(), \
             f"{request.node.nodeid} started Ray: mark its module with pytestmark = pytest.mark.cluster"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup); a group runs on one
+    worker, so tests that share a module- or package-scoped cluster share it there too: each file is
+    a group, and tests/serve/ is one (its files share one package-scoped `raypd serve`)."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = "tests/serve" if path.startswith("tests/serve/") else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread_per_xdist_worker():
+    """Two workers on a 2-core machine: each engine's torch gets one thread, not both cores (threads
+    beyond the cores only spin against each other; tests that name a thread count still get it)."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+    yield
 
 
 def pytest_report_header(config) -> list[str]:

@@ -14,6 +14,7 @@ from raypd.benchmarks.serve.main import main
 
 
 @pytest.mark.cluster
+@pytest.mark.serial  # it looks for llama-server and Ray processes anywhere on the machine
 def test_raypd_mixed_against_llamacpp(tmp_path):
     binary = find_or_build_llama_server()
     before = {p.pid for p in psutil.process_iter()}

@@ -25,6 +25,7 @@ def test_without_a_gpu_it_says_why_and_exits_2(tmp_path, capsys):
     assert "no CUDA device" in capsys.readouterr().out
 
 
+@pytest.mark.serial  # it looks for Ray processes anywhere on the machine
 def test_every_step_runs_on_the_cpu(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     out = tmp_path / "smoke.json"

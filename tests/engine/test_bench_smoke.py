@@ -28,6 +28,7 @@ def test_engine_benchmark_reports_both_systems(tmp_path):
     assert raypd["hf_identical_tokens_frac"] == 1.0  # greedy, float32: the same tokens
 
 
+@pytest.mark.serial  # it looks for llama-server processes anywhere on the machine
 def test_engine_benchmark_against_llamacpp_with_fp32_agreement(tmp_path):
     # llama-server from the same find-or-build function `raypd bench serve` uses (tests/bench_serve
     # builds it first in a clean clone); raypd with int8-g32 weights, so the float32 reference is a

@@ -1,0 +1,35 @@
+"""A tiny random-weight Llama with the default model's tokenizer and chat template, built in the
+test run (nothing downloaded), for tests about serving, routing, failures and accounting rather than
+about the real model's tokens: an engine on it starts and steps in milliseconds, where the 135 M
+default spends seconds per request on this CPU. Parity with transformers on real weights stays
+with the default model (tests/engine/test_parity.py and the cluster parity tests)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+# The default model's vocabulary (so its tokenizer and chat template serve this model) and a body
+# of 2 layers of width 64: ~3 M parameters, nearly all of them the embedding.
+TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.3, bos_token_id=1,
+            eos_token_id=2, tie_word_embeddings=True, rope_theta=10000.0)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """Save a tiny random Llama into `folder` (a Hugging Face folder raypd and transformers load)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raypd.engine.model.source import resolve_model
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    default = resolve_model(None)
+    for name in TOKENIZER_FILES:
+        if (default / name).exists() and name != "generation_config.json":
+            shutil.copy(default / name, folder / name)
+    return folder
