@@ -108,12 +108,13 @@ def one_process_tests_start_no_ray(request):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup); a group runs on one
-    worker, so tests that share a module- or package-scoped cluster share it there too: each file is
-    a group, and tests/serve/ is one (its files share one package-scoped `raypd serve`)."""
+    """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
+    one worker. Every test that starts Ray, a server or other processes (`cluster`) is in one group:
+    the one-process tests fill the other core meanwhile, and two Ray clusters at once would not fit
+    this machine's memory (Ray's OOM killer took a node pool when they shared it). Within the group
+    module- and package-scoped clusters are shared as without xdist. Each other file is a group."""
     for item in items:
-        path = item.nodeid.split("::")[0]
-        group = "tests/serve" if path.startswith("tests/serve/") else path
+        group = "cluster" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
 

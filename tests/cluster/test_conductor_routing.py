@@ -77,6 +77,7 @@ def test_shared_prefix_goes_to_its_holder_and_prediction_holds(cluster, prompt_i
 def test_forced_migration_serves_from_the_copy(cluster, prompt_ids, hf_reference):
     i = max(range(len(prompt_ids)), key=lambda k: len(prompt_ids[k]))
     ids = prompt_ids[i]
+    routed(cluster, "warm-for-copy", ids)  # a holder of its own, whatever ran before
     holder = next(n for n in cluster.by_role("prefill")
                   if ray.get(n.actor.stats.remote())["cached_blocks"] >= len(ids) // 16)
     target = next(n for n in cluster.by_role("prefill") if n.name != holder.name)
