@@ -107,6 +107,7 @@ def one_process_tests_start_no_ray(request):
             f"{request.node.nodeid} started Ray: mark its module with pytestmark = pytest.mark.cluster"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
     """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
     one worker. Every test that starts Ray, a server or other processes (`cluster`) is in one group:
