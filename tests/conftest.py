@@ -107,15 +107,22 @@ def one_process_tests_start_no_ray(request):
             f"{request.node.nodeid} started Ray: mark its module with pytestmark = pytest.mark.cluster"
 
 
+# Files that start processes but no Ray (transfer peers, a benchmark, a pytest per CPU path): they
+# run beside the one-process tests instead of in the Ray group.
+NO_RAY = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_completion.py",
+          "tests/kvtransfer/test_bench_smoke.py", "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
     """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
-    one worker. Every test that starts Ray, a server or other processes (`cluster`) is in one group:
-    the one-process tests fill the other core meanwhile, and two Ray clusters at once would not fit
-    this machine's memory (Ray's OOM killer took a node pool when they shared it). Within the group
-    module- and package-scoped clusters are shared as without xdist. Each other file is a group."""
+    one worker. Every test that starts Ray or a server is in one group, "ray": the other tests fill
+    the other core meanwhile, and two Ray clusters at once would not fit this machine's memory (Ray's
+    OOM killer took a node pool when they shared it). Within the group, module- and package-scoped
+    clusters are shared as without xdist. Each other file is a group of its own."""
     for item in items:
-        group = "cluster" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
+        path = item.nodeid.split("::")[0]
+        group = "ray" if item.get_closest_marker("cluster") and path not in NO_RAY else path
         item.add_marker(pytest.mark.xdist_group(group))
 
 

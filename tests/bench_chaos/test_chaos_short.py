@@ -1,5 +1,5 @@
-"""End to end: `raypd bench chaos` for 30 s on 1 prefill + 2 decode nodes, killing decode nodes and
-the Conductor every 12 s, must lose no request, change no output and leak no block. The nodes serve
+"""End to end: `raypd bench chaos` for 20 s on 1 prefill + 2 decode nodes, killing decode nodes and
+the Conductor every 8 s, must lose no request, change no output and leak no block. The nodes serve
 a tiny random-weight model (tests/tiny_model.py): what is checked is that outputs do not change under
 faults, not the real model's tokens. Correctness only: no timing is asserted.
 """
@@ -19,8 +19,8 @@ def test_short_chaos_run_loses_nothing(tmp_path, tiny_model_dir):
     out = tmp_path / "chaos.json"
     # As a user runs it: in a process of its own (it joins the server's Ray as a driver, which a test
     # process that already started Ray clusters of its own cannot do cleanly).
-    cmd = [sys.executable, "-m", "raypd", "bench", "chaos", "--duration", "30", "--prefill-nodes", "1",
-           "--decode-nodes", "2", "--kill-every", "12", "--targets", "decode,conductor", "--json", str(out),
+    cmd = [sys.executable, "-m", "raypd", "bench", "chaos", "--duration", "20", "--prefill-nodes", "1",
+           "--decode-nodes", "2", "--kill-every", "8", "--targets", "decode,conductor", "--json", str(out),
            "--log-dir", str(tmp_path / "logs"), "--serve-args", f"--model {tiny_model_dir}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

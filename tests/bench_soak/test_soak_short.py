@@ -1,4 +1,4 @@
-"""End to end: `raypd bench soak` for 30 s at 0.8 x capacity on 1 prefill + 1 decode node serving a tiny
+"""End to end: `raypd bench soak` for 20 s at 0.8 x capacity on 1 prefill + 1 decode node serving a tiny
 random-weight model (tests/tiny_model.py) must fail no request and leave no block held after the drain,
 and its JSON must have the documented shape with every raypd process in it. Correctness only: RSS, descriptors, threads and latency are reported, and
 their thresholds are the benchmark's own verdict (docs/benchmarks.md), not asserted here.
@@ -27,7 +27,7 @@ def test_a_short_soak_fails_nothing_and_holds_nothing_after(tmp_path, tiny_model
     # As a user runs it, in a process of its own (as the chaos bench's test does: a process that already
     # started Ray clusters of its own carries Ray state a bench should not inherit). A short capacity probe
     # and the default warm-up (a fifth of the run) keep the test's wall time low.
-    cmd = [sys.executable, "-m", "raypd", "bench", "soak", "--duration", "30", "--load", "0.8", "--probe-duration",
+    cmd = [sys.executable, "-m", "raypd", "bench", "soak", "--duration", "20", "--load", "0.8", "--probe-duration",
            "5", "--idle-settle", "6", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
            "--serve-args", f"--model {tiny_model_dir}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

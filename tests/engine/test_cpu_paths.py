@@ -92,7 +92,7 @@ def summarize(reports) -> list[str]:
     """The summary lines for test_the_kernel_tests_hold_on_each_path's reports (tests/conftest.py)."""
     ran, failed, not_here = [cpu_paths.held().name + " (the suite itself)", "torch (cpu_kernels='torch')"], [], []
     for r in reports:
-        path = r.nodeid.rpartition("[")[2].rstrip("]")
+        path = r.nodeid.partition("@")[0].rpartition("[")[2].rstrip("]")  # xdist may suffix "@group"
         if r.skipped:
             reason = r.longrepr[2] if isinstance(r.longrepr, tuple) else str(r.longrepr)
             not_here.append(f"{path} ({reason.rpartition('lacks ')[2]})")
