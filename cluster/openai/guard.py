@@ -20,7 +20,8 @@ from typing import Any
 from raypd.cluster.openai.api_errors import APIError, BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
 from raypd.cluster.openai.deadline import until
 
-OPEN_PATHS = frozenset({"/health"})  # probes must work without the key
+# Probes must work without the key: the Helm chart's readiness and liveness probes send no header.
+OPEN_PATHS = frozenset({"/health", "/health/ready", "/health/live"})
 # 4 MB (the default body limit) in 30 s is 1.1 Mbit/s: a slow link still makes it, a stalled one not.
 BODY_TIMEOUT_S = 30.0
 DEADLINE_KEY = "raypd_deadline"  # the request's deadline (event-loop time) in the ASGI scope's state

@@ -34,7 +34,7 @@ class ServeConfig:
     # Routing policy of the Conductor actor the node pool starts; the ingress routes through it.
     policy: str = "cost"
     topology: str | None = None           # topology file for the Conductor (passed through)
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log line
     max_body_bytes: int = 4 << 20
     default_max_tokens: int | None = None  # output cap when a request sets none (None: rest of the context)
     ingress_replicas: int = 1
