@@ -12,13 +12,13 @@ segfaulted on the first request on a VM that reported AMX), and GGML_NATIVE off 
 """
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from raypd.engine.model.cpu_paths import cpu_flags
 from raypd.engine.model.source import cache_root
 
 PACKAGE = "llama-cpp-python"
@@ -33,16 +33,7 @@ class BuildError(RuntimeError):
     """llama-server could not be found or built; the message says which step failed."""
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
-
-
-def isa_options(flags: set[str]) -> tuple[str, dict[str, bool]]:
+def isa_options(flags: frozenset[str] | set[str]) -> tuple[str, dict[str, bool]]:
     """(cache tag, CMake options): every ISA option ON exactly when the CPU has it; AMX always OFF."""
     opts = {opt: flag in flags for opt, flag in ISA_OPTIONS.items()} | dict.fromkeys(NEVER, False)
     tag = "avx512" if opts["GGML_AVX512"] else "avx2" if opts["GGML_AVX2"] else "avx" if opts["GGML_AVX"] else "generic"
