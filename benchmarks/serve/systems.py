@@ -20,9 +20,9 @@ A system runs as a subprocess in its own session (process group). Lifecycle:
 """
 from __future__ import annotations
 
+import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from raypd.benchmarks.serve.ports import free_port
 
 RAYPD_SYSTEMS = {"raypd-pd": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost"],
                  "raypd-pd-rr": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "round_robin"],
@@ -42,12 +44,6 @@ SYSTEMS = (*RAYPD_SYSTEMS, *LLAMACPP_SYSTEMS)
 
 class LaunchError(RuntimeError):
     """A system did not start or did not stop cleanly; the message says which and why."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -126,6 +122,9 @@ class Launched:
                     if r.status == 200:
                         self.remember()
                         return
+            except http.client.HTTPException as e:  # something answers there, and not in HTTP
+                raise LaunchError(f"port {self.port} answers but not with HTTP ({type(e).__name__}): another "
+                                  f"process holds it\n{self.log_tail()}") from None
             except OSError:
                 pass
             time.sleep(1.0)

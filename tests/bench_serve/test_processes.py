@@ -47,3 +47,33 @@ def test_failed_start_is_reported_and_stopped(tmp_path):
     with pytest.raises(LaunchError, match="exited with 3(.|\n)*no model here"):
         sysm.wait_ready(60)
     assert sysm.stop(grace_s=1) == []
+
+
+# Answers every connection with an HTTP/2 SETTINGS frame, as the gRPC server that took a picked port did in CI.
+NOT_HTTP = textwrap.dedent("""
+    import socket, sys
+    srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+    while True:
+        conn, _ = srv.accept()
+        conn.sendall(bytes.fromhex("000006040000000000000500004000") + b"\\r\\n")
+        conn.close()
+""")
+
+
+def test_a_port_answering_in_another_protocol_is_a_launch_error(tmp_path):
+    port = free_port()
+    sysm = Launched.start("grpc", [sys.executable, "-c", NOT_HTTP, str(port)], port, tmp_path / "grpc.log")
+    try:
+        with pytest.raises(LaunchError, match=f"port {port} answers but not with HTTP"):
+            sysm.wait_ready(60)
+    finally:
+        assert sysm.stop(grace_s=1) == []
+
+
+def test_a_picked_port_is_outside_the_ranges_others_are_handed():
+    from raypd.benchmarks.serve.ports import RAY_WORKER_PORTS, ephemeral_ports
+
+    for _ in range(20):
+        port = free_port()
+        assert port not in ephemeral_ports() and port not in RAY_WORKER_PORTS
+    assert 8100 <= free_port(8100, 10001) <= 10001

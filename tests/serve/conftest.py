@@ -11,9 +11,7 @@ import contextlib
 import http.client
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from raypd.benchmarks.serve.ports import free_port
+
 API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 MAX_BODY_BYTES = 256 * 1024
@@ -32,22 +32,9 @@ DEFAULT_MAX_TOKENS = 32
 METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def free_port_below_10002() -> int:
     """For Ray's metrics export port: ports from 10002 up are Ray's worker ports (Ray fails to start)."""
-    for port in random.sample(range(8100, 10002), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port in 8100-10001")
+    return free_port(8100, 10001)
 
 
 @dataclass
