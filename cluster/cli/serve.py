@@ -87,6 +87,9 @@ def add_serve_parser(sub) -> None:
                    help="re-routes of a request whose node failed before its first token (default 3)")
     p.add_argument("--migration-limit", type=int, default=3,
                    help="replays of a request whose decode node failed mid-stream, on a live pair (default 3)")
+    p.add_argument("--recovery-wait", type=float, default=60.0,
+                   help="seconds a request that finds no live node waits for a restarting one before 503 "
+                        "(default 60; 0: answer 503 at once)")
     b = p.add_argument_group("back-pressure (full: 429 with Retry-After; nodes: --max-waiting-requests)")
     b.add_argument("--max-ongoing-requests", type=int, default=None,
                    help="per ingress replica: generation requests in progress (default: what the decode or mixed "
@@ -113,7 +116,7 @@ def config_from_args(args):
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
         request_timeout_s=args.request_timeout,
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
-        retry_limit=args.retry_limit, migration_limit=args.migration_limit,
+        retry_limit=args.retry_limit, migration_limit=args.migration_limit, recovery_wait_s=args.recovery_wait,
         max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=args.max_queued_requests,
         ttft_slo_s=args.ttft_slo, adaptive=args.adaptive, local_prefill_budget=args.local_prefill_budget,
         tpot_target_s=args.tpot_target)

@@ -78,6 +78,12 @@ class Membership:
         that decodes can serve whole requests."""
         return any(self.live(role) for role in Role if role.serves_decode)
 
+    @property
+    def may_recover(self) -> bool:
+        """A node that decodes is not dead for good: a request that finds no node now may find one by
+        waiting (it is restarting or unresponsive, or live and held out by the request itself)."""
+        return any(m.state is not MemberState.DEAD for m in self.members if m.node.role.serves_decode)
+
     def health(self) -> dict:
         """/health's body: the verdict, each node's state and the Conductor's."""
         return {"status": "ok" if self.can_serve else "unavailable",

@@ -4,12 +4,20 @@ and reason(), the one line of a Ray error that start-up failures report.
 The launcher (`raypd generate --mode pd|mixed`, the benchmarks, the Serve NodePool) and `raypd serve`
 both come here. A Ray started here reserves enough logical CPUs for every actor even on a 2-core
 machine: the actors then share cores, which the benchmark notes say.
+
+Joining is explicit: `--address`, or RAY_ADDRESS in the environment. Without either, Ray itself
+would join the cluster `ray start` last recorded on this machine (the `ray_current_cluster` file in
+its temp folder, left behind when that cluster died without `ray stop`) and fail there with "num_cpus
+and num_gpus must not be provided"; raypd starts its own instead (address="local").
 """
 from __future__ import annotations
 
 import math
 import os
 from typing import Any, NamedTuple
+
+
+RAY_ADDRESS_VARIABLE = "RAY_ADDRESS"  # Ray's own: the cluster to join when no --address is given
 
 
 class RayInit(NamedTuple):
@@ -38,7 +46,8 @@ def init_ray(address: str | None, cpus_needed: float, *, num_cpus: int | None = 
 
     if ray.is_initialized():
         return RayInit(None, False)
+    address = address or os.environ.get(RAY_ADDRESS_VARIABLE) or None
     if address:
         return RayInit(ray.init(address=address, **options), False)
     cpus = num_cpus or local_num_cpus(cpus_needed)
-    return RayInit(ray.init(num_cpus=cpus, **(local_options or {}), **options), True)
+    return RayInit(ray.init(address="local", num_cpus=cpus, **(local_options or {}), **options), True)

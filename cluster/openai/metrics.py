@@ -7,6 +7,10 @@ Exported (Ray adds the prefix `ray_`; counters also get `_total`):
   raypd_ingress_tpot_seconds{endpoint}      per choice: (last - first event) / (completion tokens - 1)
   raypd_ingress_e2e_latency_seconds{endpoint}     arrival -> last event, requests that ended ok
   raypd_ingress_{prompt,completion,cached}_tokens{endpoint}   counted like the response's usage
+  raypd_ingress_retries{reason}     attempts re-routed before any token reached the client
+  raypd_ingress_replays{reason}     streams replayed elsewhere after tokens were sent
+                                    reason: overloaded | <role>_node_failed | node_failed | unattributed
+  raypd_ingress_recovery_waits      routings that found no node and waited for one to come back
 
 Who records what, per generation request (one RequestRecord each):
   MetricsMiddleware  creates it at arrival, and counts the status from the HTTP code unless the
@@ -63,9 +67,21 @@ class IngressMetrics:
         self.prompt_tokens = api.Counter(p + "prompt_tokens", "prompt tokens (once per prompt)", tags)
         self.completion_tokens = api.Counter(p + "completion_tokens", "generated tokens", tags)
         self.cached_tokens = api.Counter(p + "cached_tokens", "prompt tokens served from a prefix cache", tags)
+        self.failover = FailoverMetrics(api)
 
     def start(self, endpoint: str) -> RequestRecord:
         return RequestRecord(self, endpoint, time.monotonic())
+
+
+class FailoverMetrics:
+    """What serve/generation.py does when an attempt fails: the retries, replays and waits above."""
+
+    def __init__(self, api: MetricsAPI | None = None):
+        api = metrics_api(api)
+        p = "raypd_ingress_"
+        self.retries = api.Counter(p + "retries", "attempts re-routed before the first token, by reason", ("reason",))
+        self.replays = api.Counter(p + "replays", "streams replayed after tokens were sent, by reason", ("reason",))
+        self.recovery_waits = api.Counter(p + "recovery_waits", "routings that waited for a node to come back", ())
 
 
 class RequestRecord:

@@ -47,6 +47,9 @@ class ServeConfig:
     max_node_restarts: int = 10           # Ray restarts a dead node actor up to this many times
     retry_limit: int = 3                  # re-routes of a request that failed before its first token
     migration_limit: int = 3              # replays of a request whose decode failed after tokens were sent
+    # How long a request that finds no node waits for one to come back (a restarting node: with one
+    # decode node, every request while Ray restarts it); then 503. Below request_timeout_s to matter.
+    recovery_wait_s: float = 60.0
     probe_interval_s: float = 1.0         # the node pool's health probes of every node and the Conductor
     route_timeout_s: float = 5.0          # the Conductor's deadline per decision; then the local fallback
     breaker_failures: int = 3             # a node failing this many requests within breaker_window_s ...
@@ -110,6 +113,8 @@ class ServeConfig:
             raise ServeConfigError("default_max_tokens must be >= 1")
         if not self.request_timeout_s > 0:
             raise ServeConfigError("--request-timeout must be > 0 seconds")
+        if not self.recovery_wait_s >= 0:
+            raise ServeConfigError("--recovery-wait must be >= 0 seconds")
         for name in ("max_node_restarts", "retry_limit", "migration_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -10,7 +10,10 @@ closes every driver iterator still open, and the driver then aborts the request 
 
 A choice survives node failures (docs/architecture.md, "Failure model"): an attempt that ends with
 an error is re-routed around the node the driver blamed (and the nodes this replica's circuit
-breaker holds out).
+breaker holds out). Both exclusions fail open (client/failed_nodes.py): a failed node is usable
+again once it restarted, or as a last resort while it stays live. When routing finds no node at all
+while a node that decodes is restarting (with one decode node, every request), the request waits for
+it, up to `recovery_wait_s`, polling the membership: the client sees latency, not a 503.
   - No token reached the client yet: the same request again, up to `retry_limit` times.
   - Tokens were streamed: a replay, up to `migration_limit` times. Its prompt is the prompt plus
     every token generated so far (a prefix-cache hit where the prompt was cached), max_tokens is
@@ -21,7 +24,8 @@ breaker holds out).
 A node that refuses for want of capacity (finish_reason OVERLOADED) is not a failure: the circuit
 breaker does not count it. Before the first token the request ends at once with OverloadedError
 (HTTP 429, retry later: more attempts would only add load); a replay it refuses goes elsewhere.
-Retries and replays are routed as already admitted (no SLO rejection of a request under way).
+Retries and replays are routed as already admitted (no SLO rejection of a request under way), and
+counted by reason (IngressMetrics.failover: raypd_ingress_retries, raypd_ingress_replays).
 """
 from __future__ import annotations
 
@@ -33,11 +37,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 from raypd.cluster.client.breaker import CircuitBreaker
+from raypd.cluster.client.failed_nodes import FailedNodes
+from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import NoNodeError, Route, Router
 from raypd.cluster.openai.api_errors import ServiceUnavailable
 from raypd.cluster.openai.deadline import events_until
 from raypd.cluster.openai.detokenizer import IncrementalDetokenizer
+from raypd.cluster.openai.metrics import FailoverMetrics
 from raypd.cluster.openai.params import ChoiceJob, PreparedRequest
 from raypd.cluster.openai.response_schema import FinishReason
 from raypd.cluster.openai.stop import StopMatcher
@@ -61,16 +68,24 @@ ChoiceStream = AsyncGenerator[ChoiceEvent, None]
 
 class Generator:
     """What a request needs from the replica: the driver, the routing seam, the tokenizer, and the
-    failure handling's bounds and breaker."""
+    failure handling's bounds, breaker and view of the membership (`nodes`: which node restarted,
+    which is restarting; none: every failed node stays excluded and nothing is waited for)."""
 
     def __init__(self, driver: RequestDriver, router: Router, hf_tokenizer, retry_limit: int = 3,
-                 migration_limit: int = 3, breaker: CircuitBreaker | None = None):
+                 migration_limit: int = 3, breaker: CircuitBreaker | None = None, nodes: NodeSet | None = None,
+                 recovery_wait_s: float = 60.0, recovery_poll_s: float = 0.5, fail_open_after_s: float = 3.0,
+                 metrics: FailoverMetrics | None = None):
         self.driver = driver
         self.router = router
         self.hf_tokenizer = hf_tokenizer
         self.retry_limit = retry_limit
         self.migration_limit = migration_limit
         self.breaker = breaker or CircuitBreaker()
+        self.nodes = nodes or NodeSet.fixed([])
+        self.recovery_wait_s = recovery_wait_s
+        self.recovery_poll_s = recovery_poll_s
+        self.fail_open_after_s = fail_open_after_s
+        self.metrics = metrics or FailoverMetrics()
 
     def run(self, request_id: str, prepared: PreparedRequest, echo: list[str] | None = None,
             deadline: float | None = None) -> ChoiceStream:
@@ -82,19 +97,38 @@ class Generator:
         events = streams[0] if len(streams) == 1 else _interleave(streams)
         return events if deadline is None else events_until(deadline, events)
 
-    async def _route(self, request_id: str, prompt_ids: list[int], failed: frozenset[str],
+    async def _route(self, request_id: str, prompt_ids: list[int], failed: FailedNodes,
                      admitted: bool = False) -> Route:
-        """Route around this request's failed nodes and the breaker's open ones; fail-open: if the
-        breaker's exclusions leave a role with no node, route without them. `admitted`: a retry or
+        """Route around this request's failed nodes and the breaker's open ones. Fail-open, in this
+        order: without the breaker's exclusions, then without the failed nodes that failed open; and
+        while nothing can serve but a node that decodes may come back (restarting, unresponsive, or
+        failed and not yet failed open), wait for it up to recovery_wait_s. `admitted`: a retry or
         replay of a request under way, which admission control does not turn away."""
         route = self.router.reroute if admitted else self.router.route
-        held_out = self.breaker.excluded() - failed
-        try:
-            return await route(request_id, prompt_ids, failed | held_out)
-        except NoNodeError:
-            if not held_out:
-                raise
-            return await route(request_id, prompt_ids, failed)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.recovery_wait_s
+        waited = False
+        while True:
+            exclusions = failed.for_routing()
+            tries = list(dict.fromkeys([exclusions[0] | self.breaker.excluded(), *exclusions]))
+            for exclude in tries:
+                try:
+                    found = await route(request_id, prompt_ids, exclude)
+                except NoNodeError as e:
+                    no_node = e
+                    continue
+                if waited:
+                    log.info("%s: a node came back after %.1f s", request_id,
+                             loop.time() - give_up_at + self.recovery_wait_s)
+                return found
+            if loop.time() >= give_up_at or not self.nodes.membership.may_recover:
+                raise no_node
+            if not waited:
+                log.warning("%s: no node can serve now (%s); waiting up to %.0f s for one to come back",
+                            request_id, no_node, self.recovery_wait_s)
+                waited = True
+                self.metrics.recovery_waits.inc(1)
+            await asyncio.sleep(self.recovery_poll_s)
 
     async def choice(self, request_id: str, prompt_ids: list[int], job: ChoiceJob, stops: tuple[str, ...],
                      echo: str = "") -> ChoiceStream:
@@ -106,13 +140,13 @@ class Generator:
             yield ChoiceEvent(job.index, echo)
         generated: list[int] = []   # every token the nodes produced for this choice, in order
         cached: int | None = None   # the first attempt's prompt cache hit (what usage reports)
-        failed_nodes: set[str] = set()
+        failed_nodes = FailedNodes(self.nodes, self.fail_open_after_s)
         retries = migrations = 0
         attempt = 0
         while True:
             attempt_id = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
             attempt += 1
-            route = await self._route(attempt_id, prompt_ids + generated, frozenset(failed_nodes), attempt > 1)
+            route = await self._route(attempt_id, prompt_ids + generated, failed_nodes, attempt > 1)
             attempt_params = params if not generated else replace(
                 params, max_tokens=params.max_tokens - len(generated), num_replayed_tokens=len(generated))
             failure: TokenChunk | None = None
@@ -156,6 +190,7 @@ class Generator:
                 raise ServiceUnavailable("the cluster ended the request without a final message", code="node_failure")
             if failure.finish_reason == OVERLOADED and not generated:
                 raise OverloadedError(failure.error or "a node is full", failure.failed_node)
+            why = self._reason(failure)
             if failure.failed_node:
                 failed_nodes.add(failure.failed_node)
                 if failure.finish_reason != OVERLOADED:
@@ -169,6 +204,7 @@ class Generator:
                 if migrations > self.migration_limit:
                     raise ServiceUnavailable(f"the request failed on the cluster after {migrations - 1} "
                                              f"replays: {failure.error}", code="node_failure")
+                self.metrics.replays.inc(1, {"reason": why})
                 log.warning("%s: %s; replaying %d generated tokens elsewhere", request_id, failure.error,
                             len(generated))
             else:
@@ -176,7 +212,18 @@ class Generator:
                 if retries > self.retry_limit:
                     raise ServiceUnavailable(f"the request failed on the cluster after {retries - 1} "
                                              f"retries: {failure.error}", code="node_failure")
+                self.metrics.retries.inc(1, {"reason": why})
                 log.warning("%s: %s; retrying on other nodes", request_id, failure.error)
+
+    def _reason(self, failure: TokenChunk) -> str:
+        """The metrics' reason for a failed attempt: `overloaded`, `<role>_node_failed` for the node
+        the driver blamed, or `unattributed`."""
+        if failure.finish_reason == OVERLOADED:
+            return "overloaded"
+        member = self.nodes.membership.by_name.get(failure.failed_node or "")
+        if member is not None:
+            return f"{member.node.role}_node_failed"
+        return "node_failed" if failure.failed_node else "unattributed"
 
 
 async def _interleave(streams: list[ChoiceStream]) -> ChoiceStream:

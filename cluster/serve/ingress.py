@@ -15,6 +15,7 @@ from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.node_set import NodeSet
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.launch.gpu_budget import cluster_gpus
+from raypd.cluster.openai.metrics import IngressMetrics
 from raypd.cluster.openai.params import ModelLimits
 from raypd.cluster.serve.admission import AdmissionGate
 from raypd.cluster.serve.app import build_app
@@ -59,15 +60,17 @@ class OpenAIIngress:
         router = make_router(membership.conductor, self.node_set, route_timeout_s=config.route_timeout_s)
         breaker = CircuitBreaker(config.breaker_failures, config.breaker_window_s, config.breaker_cooldown_s)
         self.node_set.on_restart(breaker.forget)  # a new incarnation starts with a clean record
+        self.metrics = IngressMetrics()
         generator = Generator(driver, router, tokenizer.hf, retry_limit=config.retry_limit,
-                              migration_limit=config.migration_limit, breaker=breaker)
+                              migration_limit=config.migration_limit, breaker=breaker, nodes=self.node_set,
+                              recovery_wait_s=config.recovery_wait_s, metrics=self.metrics.failover)
         self.service = OpenAIService(tokenizer, limits, generator, self.node_set)
         self.gate = AdmissionGate(*config.admission_limits(cluster_gpus()))
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
         return build_app(self.service, self.config.api_key, self.config.max_body_bytes, self.replica,
-                         gate=self.gate, request_timeout_s=self.config.request_timeout_s)
+                         gate=self.gate, request_timeout_s=self.config.request_timeout_s, metrics=self.metrics)
 
     def __del__(self):
         node_set = getattr(self, "node_set", None)
