@@ -16,8 +16,10 @@ per message, so a step's chunks are grouped by caller. Ray still carries the req
 generate() returns when the request ended, and a node that dies fails that call at once.
 
 A caller that is gone or does not read never blocks the engine thread: sends do not block, each
-caller's queue holds SEND_HWM messages, and a message that does not fit is dropped and counted. The
-caller notices missing tokens against StreamEnd.num_tokens. Sockets are made on first use of an
+caller's queue holds SEND_HWM messages, and a message that does not fit is dropped and counted. A
+drop is never a silent hole: every chunk carries its offset in the stream (TokenChunk.offset), so the
+caller sees the gap at the next message (or, for the last one, against StreamEnd.num_tokens), stops
+the stream at the last contiguous token and replays from there. Sockets are made on first use of an
 address and closed once no stream has used it for IDLE_SOCKET_S.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import zmq
 
@@ -114,6 +116,7 @@ class TokenStreams:
         stream = self._open.get(chunk.request_id)
         if stream is None:
             return
+        chunk = replace(chunk, offset=stream.num_tokens)
         stream.num_tokens += len(chunk.token_ids)
         if stream.address:
             self._pending.setdefault(stream.address, []).append(chunk)
@@ -131,7 +134,7 @@ class TokenStreams:
             log.warning("cannot send an early token to %r: %s", address, e)
             return
         self._last_used[address] = time.monotonic()
-        self._pending.setdefault(address, []).append(chunk)
+        self._pending.setdefault(address, []).append(replace(chunk, offset=0))
 
     def flush(self) -> None:
         """Send what was pushed, one message per caller; then answer the streams that ended, so the

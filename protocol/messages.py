@@ -64,25 +64,31 @@ class TokenChunk:
     # The prefill node's copy of a PD request's first token (NodeRequest.early_first_token), sent
     # outside the decode node's stream: never final, not counted in StreamEnd.num_tokens.
     early: bool = False
+    # Where its tokens start in the stream: how many the node sent before them (node/streams.py sets
+    # it; an early copy's is 0). The receiver checks it, so a lost message is a gap it sees, never a
+    # hole in the text. -1: not known (a sender from before offsets).
+    offset: int = -1
 
     def to_wire(self) -> list:
         return [self.request_id, list(self.token_ids), self.finished, self.finish_reason, self.error,
-                self.num_cached_tokens, self.timings, self.early]
+                self.num_cached_tokens, self.timings, self.early, self.offset]
 
     @classmethod
     def from_wire(cls, w: object) -> TokenChunk:
-        """The inverse of to_wire() (a 7-item array without `early` too); anything else raises ValueError."""
-        if not isinstance(w, (list, tuple)) or len(w) not in (7, 8):
-            raise ValueError(f"a token chunk is a 7- or 8-item array, got {type(w).__name__}")
+        """The inverse of to_wire() (a 7- or 8-item array, without `early` or `offset`, too); anything
+        else raises ValueError."""
+        if not isinstance(w, (list, tuple)) or len(w) not in (7, 8, 9):
+            raise ValueError(f"a token chunk is a 7- to 9-item array, got {type(w).__name__}")
         rid, tokens, finished, reason, error, cached, timings, *rest = w
         early = rest[0] if rest else False
+        offset = rest[1] if len(rest) > 1 else -1
         if not (isinstance(rid, str) and isinstance(tokens, (list, tuple)) and all(type(t) is int for t in tokens)
                 and isinstance(finished, bool) and isinstance(reason, (str, type(None)))
                 and isinstance(error, (str, type(None))) and type(cached) is int and isinstance(timings, dict)
                 and all(isinstance(k, str) and type(v) in (int, float) for k, v in timings.items())
-                and isinstance(early, bool) and not (early and finished)):
+                and isinstance(early, bool) and not (early and finished) and type(offset) is int and offset >= -1):
             raise ValueError(f"malformed token chunk for request {rid!r}")
-        return cls(rid, tuple(tokens), finished, reason, error, cached, dict(timings), early=early)
+        return cls(rid, tuple(tokens), finished, reason, error, cached, dict(timings), early=early, offset=offset)
 
 
 TOKEN_WIRE_VERSION = 1

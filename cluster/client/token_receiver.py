@@ -13,6 +13,11 @@ the prefill node's early copy of the first token (TokenChunk.early), from anothe
 ordered with the decode node's tokens either; whichever copy of the first token comes first is
 yielded, the other dropped, so the caller sees every token once and in order.
 
+Every chunk says where its tokens start (TokenChunk.offset). A chunk that starts past the tokens
+received means a message was lost on the way (node/streams.py drops a message a caller's queue cannot
+hold): the stream yields what is contiguous and ends with an error final, from which the caller
+replays; it never yields a hole. A chunk that starts before (a repeat) yields only what is new.
+
 The socket binds once; the dispatcher runs on the event loop of the latest open(), so a driver can
 serve one asyncio.run() after another (one loop at a time).
 """
@@ -62,6 +67,7 @@ class TokenStream:
         self.node_done = False     # the node's call returned or failed: nothing left to abort there
         self.stream_failed = False  # the error final is this stream's own: the node died, fell silent, lost tokens
         self.node_name = ""        # the node relay() reads from, once it runs
+        self.gap: tuple[int, int] | None = None  # (first missing token, first token after the hole)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._streams = streams
 
@@ -95,6 +101,9 @@ class TokenStream:
                 return
             if chunk := self._tokens(items):
                 yield chunk
+            if self.gap is not None:
+                yield self._gap_error(node_name)
+                return
             if gone := next((i for i in items if isinstance(i, _NodeLost)), None):
                 yield self._error(str(gone))
                 return
@@ -114,6 +123,9 @@ class TokenStream:
                 break
             if chunk := self._tokens(items):
                 yield chunk
+            if self.gap is not None:
+                yield self._gap_error(node_name)
+                return
         if self.received == result.num_tokens:
             yield self._unseen(result.final, result.num_tokens)
         else:
@@ -149,10 +161,20 @@ class TokenStream:
                     self.ahead = 1
                     partial.append(c)
                 continue
+            if c.offset > self.received:  # a message was lost: nothing after the hole may go out
+                self.gap = (self.received, c.offset)
+                break
+            if 0 <= c.offset < self.received:  # a repeat of tokens already here: only the rest is new
+                c = replace(c, token_ids=c.token_ids[self.received - c.offset:], offset=self.received)
             self.received += len(c.token_ids)
             if not c.finished and (c := self._unseen(c, self.received)).token_ids:
                 partial.append(c)
         return merge(partial) if partial else None
+
+    def _gap_error(self, node_name: str) -> TokenChunk:
+        first, after = self.gap or (0, 0)
+        return self._error(f"the token stream from node {node_name} lost tokens {first}-{after - 1} "
+                           f"(a message did not arrive)")
 
     def _unseen(self, chunk: TokenChunk, end: int) -> TokenChunk:
         """`chunk`, the node's tokens up to its `end`-th, without those the caller already has from
@@ -173,7 +195,7 @@ MAX_MESSAGE_BYTES = 8 << 20
 class TokenReceiver:
     """The PULL socket admits only nodes holding `secret` (CURVE; kvtransfer/data_plane_auth.py)."""
 
-    def __init__(self, host: str | None = None, secret: DataPlaneSecret | None = None):
+    def __init__(self, host: str | None = None, secret: DataPlaneSecret | None = None, port: int | None = None):
         # On the process's shared context: a context of its own would be terminated by the garbage
         # collector when a driver is dropped unclosed, and term() can hang there (pyzmq clears the
         # weak references to our socket before the context's __del__ could close it).
@@ -184,7 +206,11 @@ class TokenReceiver:
         self._watch = HandshakeWatch(self._sock, "token receiver")
         self._watcher: asyncio.Task | None = None
         host = host or default_host()
-        self.address = f"tcp://{host}:{self._sock.bind_to_random_port(f'tcp://{host}')}"
+        if port:  # a fixed port (a firewall lets only it through); else any free one
+            self._sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
         self._streams: dict[str, TokenStream] = {}
         self._dispatcher: asyncio.Task | None = None
         self.num_messages = 0

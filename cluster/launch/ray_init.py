@@ -16,7 +16,6 @@ import math
 import os
 from typing import Any, NamedTuple
 
-
 RAY_ADDRESS_VARIABLE = "RAY_ADDRESS"  # Ray's own: the cluster to join when no --address is given
 
 

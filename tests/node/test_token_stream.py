@@ -9,7 +9,7 @@ import time
 import pytest
 import ray
 
-from raypd.cluster.client.token_receiver import TokenReceiver
+from raypd.cluster.client.token_receiver import TokenReceiver, TokenStream
 from raypd.node.streams import SEND_HWM, Reply, TokenStreams
 from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
 
@@ -28,6 +28,11 @@ def test_wire_round_trip_and_strict_decoding():
     assert unpack_chunks(pack_chunks(chunks)) == chunks
     good = chunks[0].to_wire()
     assert TokenChunk.from_wire(good[:7]) == chunks[0]   # a sender from before `early`
+    assert TokenChunk.from_wire(good[:8]).offset == -1    # ... or from before offsets
+    assert TokenChunk.from_wire([*good[:8], 12]).offset == 12
+    for offset in (-2, 1.0, "3", True):
+        with pytest.raises(ValueError):
+            TokenChunk.from_wire([*good[:8], offset])
     for wire in ([*good[:7], 1], [*good[:2], True, *good[3:7], True]):   # not a bool; an early final
         with pytest.raises(ValueError):
             TokenChunk.from_wire(wire)
@@ -218,3 +223,57 @@ def test_a_node_the_caller_learns_is_hung_ends_its_streams_at_once():
 
 async def _collect(agen) -> list:
     return [c async for c in agen]
+
+
+def test_a_lost_message_is_a_gap_the_caller_sees_never_a_hole():
+    """A real full queue: the node streams to a caller address before the caller listens there, so
+    its queue fills (SEND_HWM messages) and the next 50 steps are dropped. Once the caller listens,
+    the queued steps arrive, then a later one: the stream yields exactly the contiguous tokens and
+    ends with an error naming the lost ones, from which the caller replays (without offsets it would
+    have gone on after the hole)."""
+    from raypd.benchmarks.serve.ports import free_port
+
+    async def main():
+        port = free_port()
+        node = TokenStreams()
+        rx = None
+        try:
+            assert node.open("g", f"tcp://127.0.0.1:{port}", Reply())
+            for step in range(SEND_HWM + 50):
+                node.push(chunk("g", step))
+                node.flush()
+            assert node.num_dropped == 50
+            rx = TokenReceiver("127.0.0.1", port=port)
+            stream = rx.open("g")
+            relay = asyncio.ensure_future(relay_all(stream, asyncio.get_running_loop().create_future(),
+                                                    chunk_timeout_s=30))
+            deadline = time.monotonic() + 30
+            while stream.received < SEND_HWM:  # the queued steps drain to the caller
+                assert time.monotonic() < deadline, stream.received
+                await asyncio.sleep(0.05)
+            node.push(chunk("g", SEND_HWM + 50))  # a step after the lost ones
+            node.flush()
+            chunks = await asyncio.wait_for(relay, 30)
+            assert [t for c in chunks for t in c.token_ids] == list(range(SEND_HWM))
+            assert chunks[-1].finished and stream.stream_failed
+            assert f"lost tokens {SEND_HWM}-{SEND_HWM + 49}" in chunks[-1].error
+        finally:
+            node.close()
+            if rx is not None:
+                rx.close()
+    asyncio.run(main())
+
+
+def test_a_repeated_chunk_yields_only_what_is_new():
+    async def main():
+        loop = asyncio.get_running_loop()
+        stream = TokenStream("d", {})
+        for c in (chunk("d", 1, 2, offset=0), chunk("d", 2, 3, offset=1), chunk("d", 1, 2, 3, offset=0),
+                  chunk("d", 4, offset=3)):
+            stream.deliver(c)
+        end = loop.create_future()
+        end.set_result(StreamEnd(chunk("d", 5, finished=True, offset=4), 5))
+        loop.call_later(0.05, stream.deliver, chunk("d", 5, finished=True, offset=4))
+        chunks = await relay_all(stream, end)
+        assert [t for c in chunks for t in c.token_ids] == [1, 2, 3, 4, 5] and not chunks[-1].error
+    asyncio.run(main())
