@@ -1,9 +1,10 @@
 """ConductorLink: keeps the Conductor's view of one node current.
 
-Runs as a task on the node actor's event loop: registers the node (with its own actor handle, so the
-Conductor can ask for a KV snapshot or a prefix copy), then every `interval_s` sends the KV events the
-engine produced since the last batch, and every `load_every_s` a LoadReport, which is also the node's
-heartbeat. A Conductor that is briefly unreachable costs nothing but staleness: events are kept and
+Runs as two tasks on the node actor's event loop: one registers the node (with its own actor handle,
+so the Conductor can ask for a KV snapshot or a prefix copy), then every `interval_s` sends the KV
+events the engine produced since the last batch (asked of the engine thread); the other, once the
+node is registered, sends every `load_every_s` the engine's published LoadReport, which is also the
+node's heartbeat: read without waiting for the engine thread, so a long step does not stop it. A Conductor that is briefly unreachable costs nothing but staleness: events are kept and
 re-sent, and a lost batch shows up as a sequence gap, which makes the Conductor ask for a snapshot.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ class LinkedNode(Protocol):
 
     async def drain_kv_events(self) -> KVEventBatch: ...
 
-    async def load_report(self) -> LoadReport: ...
+    async def published_load(self) -> LoadReport: ...
 
 
 class ConductorLink:
@@ -48,16 +49,21 @@ class ConductorLink:
         self.load_every_s = load_every_s
         self.call_timeout_s = call_timeout_s
         self.registered = False
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._task = self._loop.create_task(self._run())
+        self._tasks = [self._loop.create_task(self._run()), self._loop.create_task(self._beat())]
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    @property
+    def stopped(self) -> bool:
+        """Started, and every task of it cancelled or over."""
+        return bool(self._tasks) and all(t.cancelled() or t.done() for t in self._tasks)
 
     def report_failed(self, reason: str) -> None:
         """The node can serve no more (its engine crashed): tell the Conductor now rather than let it
@@ -81,7 +87,6 @@ class ConductorLink:
         self.registered = True
 
     async def _run(self) -> None:
-        last_load = 0.0
         while True:
             try:
                 if not self.registered:
@@ -89,14 +94,25 @@ class ConductorLink:
                 batch = await self.node.drain_kv_events()
                 if batch.events:
                     await self._call(untracked(self.conductor.report_kv_events).remote(batch))
-                if time.monotonic() - last_load >= self.load_every_s:
-                    await self._call(untracked(self.conductor.report_load).remote(await self.node.load_report()))
-                    last_load = time.monotonic()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the Conductor may restart; keep the node serving
                 log.warning("conductor link of %s: %s", self.node.name, e)
                 self.registered = False
+            await asyncio.sleep(self.interval_s)
+
+    async def _beat(self) -> None:
+        """The heartbeat: the first as soon as the node is registered, then every load_every_s."""
+        last = 0.0
+        while True:
+            if self.registered and time.monotonic() - last >= self.load_every_s:
+                try:
+                    await self._call(untracked(self.conductor.report_load).remote(await self.node.published_load()))
+                    last = time.monotonic()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the events task re-registers when the Conductor is back
+                    log.warning("conductor heartbeat of %s: %s", self.node.name, e)
             await asyncio.sleep(self.interval_s)
 
     async def _call(self, ref):

@@ -5,6 +5,10 @@ runs on this thread, so the engine needs no locks. Ray's asyncio thread hands wo
 `call()` (a concurrent Future) or `acall()` (awaitable). Each turn: run queued calls, let the node
 advance its own queues (`tick`, which also says whether transfers are in flight and need polling),
 then run one engine step if anything is scheduled.
+
+stalled_s() says how long the current turn has run, read from any thread: about one step on a
+healthy loop, growing without bound on a step that never ends. The node pool judges a node hung by
+it (cluster/serve/supervisor.py), not by how long a call waits behind a long step.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class EngineLoop:
         self.step_time_s = 0.0
         self.tokens_per_s = 0.0
         self.num_steps = 0
+        self._turn_began: float | None = None  # monotonic; None while the thread waits for work
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
     def start(self) -> None:
@@ -74,6 +79,11 @@ class EngineLoop:
         self._crash_requested = reason
         self._wake.set()
 
+    def stalled_s(self) -> float:
+        """How long the current turn (calls, tick, step) has been running; 0 while it waits for work."""
+        began = self._turn_began
+        return 0.0 if began is None else max(0.0, time.monotonic() - began)
+
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -88,6 +98,7 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                self._turn_began = time.monotonic()
                 if self._crash_requested is not None:
                     raise InjectedCrash(self._crash_requested)
                 self._run_calls()
@@ -95,6 +106,7 @@ class EngineLoop:
                 if self.engine.has_unfinished():
                     self._step()
                 else:
+                    self._turn_began = None
                     self._wake.wait(self._busy_poll_s if busy else self._idle_poll_s)
                     self._wake.clear()
         except BaseException as e:  # noqa: BLE001 - the node must tell every caller, not die silently

@@ -31,7 +31,13 @@ class NodeActor:
         await self.core.call(self.duty.abort, request_id, reason)
 
     async def load_report(self) -> LoadReport:
+        """The engine's load now (asked on the engine thread: it waits for the current step)."""
         return await self.core.call(self._load_report)
+
+    async def published_load(self) -> LoadReport:
+        """The engine's last published load and how long its current turn has run, without waiting
+        for the engine thread: what the node pool's probe and the Conductor heartbeat read."""
+        return self.core.published_load()
 
     async def stats(self) -> dict:
         return await self.core.call(self._stats)

@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from raypd.engine.engine import LLMEngine
@@ -44,6 +45,9 @@ from raypd.protocol.roles import Role
 log = logging.getLogger(__name__)
 
 RESTART_AFTER_CRASH_S = 0.5  # lets the error chunks and failed replies leave before the process goes
+# The engine thread republishes its load this often while it turns (an idle loop turns every 50 ms):
+# what probes and heartbeats read without waiting for the engine thread (published_load()).
+PUBLISH_EVERY_S = 0.1
 
 
 class NodeCore:
@@ -72,10 +76,13 @@ class NodeCore:
         self._duty: NodeDuty | None = None  # start() sets it
         self.loop = EngineLoop(self.engine, self._tick_and_flush, self._outputs_and_flush, self._on_crash, name)
         self._conductor_link: ConductorLink | None = None
+        self._published: tuple[LoadReport, dict] | None = None  # (load, role stats): engine thread writes
+        self._next_publish = 0.0
 
     def start(self, duty: NodeDuty) -> None:
         """Start the engine thread serving `duty` (built on this core)."""
         self._duty = duty
+        self._publish(force=True)  # before the thread runs: a probe always finds a report
         self.loop.start()
 
     def transfer_config(self, options: dict | None) -> TransferConfig:
@@ -159,19 +166,44 @@ class NodeCore:
         if not self.loop.running:  # the sockets belong to the engine thread while it runs
             self.streams.close()
 
+    def published_load(self) -> LoadReport:
+        """The load the engine thread last published (at most PUBLISH_EVERY_S old while it turns) and
+        how long its current turn has run (stalled_s). Any thread, never waiting for the engine thread:
+        a long step neither delays nor fails the node pool's probe or the Conductor's heartbeat, and a
+        step that never ends shows as a growing stalled_s. Also feeds the node's metrics."""
+        if self.loop.crashed is not None:
+            raise NodeCrashedError(f"node {self.name}: engine thread crashed: {self.loop.crashed!r}")
+        assert self._published is not None, "start(duty) publishes the first report"
+        report, stats = self._published
+        report = replace(report, stalled_s=self.loop.stalled_s())
+        self.metrics.observe(report, stats)
+        return report
+
     # -- engine thread ----------------------------------------------------------------------------
     def load_report(self, held: DutyLoad, stats: dict | None = None) -> LoadReport:
         """The engine's load plus what the duty holds outside it, and a flex node's duty; also
         feeds the node's metrics."""
+        report = self._report(held)
+        self.metrics.observe(report, stats)
+        return report
+
+    def _publish(self, force: bool = False) -> None:
+        """Publish the load for published_load(), at most every PUBLISH_EVERY_S."""
+        now = time.monotonic()
+        if not force and now < self._next_publish:
+            return
+        assert self._duty is not None, "start(duty) runs the engine thread"
+        self._next_publish = now + PUBLISH_EVERY_S
+        self._published = (self._report(self._duty.load()), self._duty.role_stats())
+
+    def _report(self, held: DutyLoad) -> LoadReport:
         load = self.engine.load()
-        report = LoadReport(
+        return LoadReport(
             node_name=self.name, role=self.role, queued_prefill_tokens=load.queued_prefill_tokens + held.queued_tokens,
             waiting=load.waiting + held.waiting, running=load.running, free_blocks=load.free_blocks,
             total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=held.inflight,
             step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
             duty=held.duty, duty_order=held.duty_order)
-        self.metrics.observe(report, stats)
-        return report
 
     def stats(self, **extra: Any) -> dict:
         return {"name": self.name, "role": self.role, **self.engine.stats(),
@@ -212,12 +244,14 @@ class NodeCore:
         assert self._duty is not None, "start(duty) runs the engine thread"
         busy = self._duty.tick()
         self.streams.flush()  # what the calls and the tick produced: final chunks, first tokens
+        self._publish()
         return busy
 
     def _outputs_and_flush(self, outputs: list[StepOutput]) -> None:
         assert self._duty is not None, "start(duty) runs the engine thread"
         self._duty.on_outputs(outputs)
         self.streams.flush()  # one message per caller per step
+        self._publish()
 
     def _on_crash(self, e: BaseException) -> None:
         """Engine thread, once, as it dies (see the module docstring for the order)."""

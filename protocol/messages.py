@@ -147,6 +147,7 @@ class LoadReport:
     timestamp: float = 0.0
     duty: str = ""                 # a flex node's Duty (protocol/duty.py); "" for a node with a fixed role
     duty_order: float = 0.0        # the stamp of the last duty order it took (the Conductor's clock; 0: none)
+    stalled_s: float = 0.0         # how long the engine's current turn has run (a step that never ends grows it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,10 @@ class ServeConfig:
     # decode node, every request while Ray restarts it); then 503. Below request_timeout_s to matter.
     recovery_wait_s: float = 60.0
     probe_interval_s: float = 1.0         # the node pool's health probes of every node and the Conductor
+    # A node whose engine turn (one step, usually) has run this long is hung: out of routing until it
+    # ends. Probes never wait for a step, so a long step alone (a big model, a long prefill chunk on
+    # CPU) costs nothing below this.
+    stall_timeout_s: float = 60.0
     route_timeout_s: float = 5.0          # the Conductor's deadline per decision; then the local fallback
     breaker_failures: int = 3             # a node failing this many requests within breaker_window_s ...
     breaker_window_s: float = 30.0
@@ -123,6 +127,8 @@ class ServeConfig:
             raise ServeConfigError("breaker_failures must be >= 1")
         if min(self.probe_interval_s, self.route_timeout_s, self.breaker_window_s, self.breaker_cooldown_s) <= 0:
             raise ServeConfigError("probe_interval_s, route_timeout_s and the breaker times must be > 0")
+        if not self.stall_timeout_s > 0:
+            raise ServeConfigError("--stall-timeout must be > 0 seconds")
         for name, low in (("max_ongoing_requests", 1), ("max_queued_requests", 0)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):

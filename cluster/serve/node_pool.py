@@ -35,7 +35,8 @@ class NodePool:
         self.cluster = await asyncio.to_thread(NodeCluster.start, config.cluster_spec())
         log.info("raypd nodes up: %s", ", ".join(n.name for n in self.cluster.nodes))
         self.supervisor = NodeSupervisor(list(self.cluster.nodes), self.cluster.conductor,
-                                         probe_interval_s=config.probe_interval_s)
+                                         probe_interval_s=config.probe_interval_s,
+                                         stall_timeout_s=config.stall_timeout_s)
         self.supervisor.start()
 
     async def nodes(self) -> list[NodeHandle]:

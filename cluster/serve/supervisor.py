@@ -1,11 +1,14 @@
 """NodeSupervisor: the node pool's watch over its node actors and the Conductor.
 
-Every probe_interval_s it calls ready() and load_report() on each node and status() on the
+Every probe_interval_s it calls ready() and published_load() on each node and status() on the
 Conductor (one watch loop each, every call bounded by probe_timeout_s), and keeps a Membership (client/membership.py)
-that ingress replicas fetch. What it does on what it sees:
-  - a call fails or times out on a LIVE node: the node leaves routing now (state RESTARTING,
-    UNRESPONSIVE or DEAD, from Ray's error) and the Conductor is told (mark_dead) rather than left
-    to notice by missed heartbeats;
+that ingress replicas fetch. A node answers both off its engine thread, so a long engine step never
+delays a probe; a step that never ends shows in the load as stalled_s. What it does on what it sees:
+  - a call fails or times out on a LIVE node (the process is gone or frozen), or its engine turn has
+    run longer than stall_timeout_s (the engine is hung): the node leaves routing now (state
+    RESTARTING, UNRESPONSIVE or DEAD, from Ray's error; UNRESPONSIVE for a stall) and the Conductor
+    is told (mark_dead) rather than left to notice by missed heartbeats; it is LIVE again once it
+    answers and its engine turns;
   - ready() answers with a new instance id: Ray restarted the actor (the node pool creates nodes
     with max_restarts); the handle is refreshed (a new bootstrap address), the node is attached to
     the Conductor again, and it is LIVE with incarnation + 1;
@@ -31,9 +34,13 @@ log = logging.getLogger(__name__)
 MARK_DEAD_S = 10  # best effort: the Conductor's heartbeat timeout is the backstop
 
 
+class EngineStalled(RuntimeError):
+    """The node answers, but its engine's current turn has run longer than the stall timeout."""
+
+
 def state_after(error: BaseException) -> MemberState:
     """What a failed probe says about the actor."""
-    if isinstance(error, asyncio.TimeoutError):
+    if isinstance(error, (asyncio.TimeoutError, EngineStalled)):
         return MemberState.UNRESPONSIVE
     if isinstance(error, ray.exceptions.ActorUnavailableError):
         return MemberState.RESTARTING
@@ -46,10 +53,11 @@ def state_after(error: BaseException) -> MemberState:
 
 class NodeSupervisor:
     def __init__(self, nodes: list[NodeHandle], conductor: Any = None, probe_interval_s: float = 1.0,
-                 probe_timeout_s: float = 5.0, attach_timeout_s: float = 30.0):
+                 probe_timeout_s: float = 5.0, attach_timeout_s: float = 30.0, stall_timeout_s: float = 60.0):
         self.conductor = conductor
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.attach_timeout_s = attach_timeout_s
         self._members = {n.name: Member(n) for n in nodes}
         self._instances: dict[str, str] = {}   # node name -> instance id of the incarnation we know
@@ -94,7 +102,10 @@ class NodeSupervisor:
         actor = member.node.actor
         try:
             info = await asyncio.wait_for(untracked(actor.ready).remote(), self.probe_timeout_s)
-            load = await asyncio.wait_for(untracked(actor.load_report).remote(), self.probe_timeout_s)
+            load = await asyncio.wait_for(untracked(actor.published_load).remote(), self.probe_timeout_s)
+            if load.stalled_s > self.stall_timeout_s:
+                raise EngineStalled(f"its engine step has run for {load.stalled_s:.0f} s "
+                                    f"(stall timeout {self.stall_timeout_s:.0f} s)")
         except Exception as e:  # noqa: BLE001 - any failure takes the node out of routing
             self._failed(member, e)
             return

@@ -62,7 +62,7 @@ def test_prefill_node_crash_fails_pending_calls_at_once():
             assert link_conductor.dead and link_conductor.dead[0][0] == "crash-prefill"
             assert "test crash" in link_conductor.dead[0][1]
             await asyncio.sleep(0.05)
-            assert link._task is not None and link._task.cancelled()   # never registers again
+            assert link.stopped   # never registers again
         finally:
             await prefill.shutdown()
     asyncio.run(run())

@@ -12,7 +12,7 @@ from raypd.node.mixed_node import MixedNode
 from raypd.node.node_actor import NodeActor
 from raypd.prefill_node.prefill_node import PrefillNode
 
-SHARED = {"ready", "abort", "load_report", "stats", "drain_kv_events", "kv_snapshot", "check_idle",
+SHARED = {"ready", "abort", "load_report", "published_load", "stats", "drain_kv_events", "kv_snapshot", "check_idle",
           "attach_conductor", "crash_engine", "fail_requests", "shutdown"}
 OWN = {PrefillNode: {"prefill", "export_prefix", "import_prefix", "abort_migration"},
        DecodeNode: {"generate"}, MixedNode: {"generate"},

@@ -49,7 +49,8 @@ class FakeNode:
         self.instance = "a"
         self.error: BaseException | None = None
         self.ready = Method(self._ready)
-        self.load_report = Method(lambda: load(name, role, 1))
+        self.stalled_s = 0.0   # how long its engine's current turn has run, as its published load says
+        self.published_load = Method(lambda: replace(load(name, role, 1), stalled_s=self.stalled_s))
         self.attach_conductor = Method(lambda conductor: None)
 
     def _ready(self):
@@ -250,4 +251,39 @@ def test_node_set_tells_its_listeners_when_a_live_node_leaves():
         await nodes.refresh()
         await nodes.refresh()
         assert left == [("d0", MemberState.UNRESPONSIVE)]   # once, on the transition
+    asyncio.run(run())
+
+
+def test_a_stalled_engine_leaves_routing_and_comes_back_when_its_step_ends():
+    """Through the watch loops production runs (start()), not probe_round(): a node that answers its
+    probes but whose engine turn has run past the stall timeout is UNRESPONSIVE (the Conductor told);
+    a long turn below the timeout costs nothing; when the turn ends the node is LIVE again."""
+    async def until(sup, name, state):
+        for _ in range(200):
+            if sup.membership().by_name[name].state is state:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{name} never {state}: {sup.membership().by_name[name]}")
+
+    async def run():
+        (p0, d0, d1), conductor = cluster()
+        sup = NodeSupervisor([handle(n) for n in (p0, d0, d1)], conductor, probe_interval_s=0.01,
+                             probe_timeout_s=1, stall_timeout_s=30)
+        sup.start()
+        try:
+            await until(sup, "d0", MemberState.LIVE)
+            d0.stalled_s = 29.0                       # a long step: still live
+            await asyncio.sleep(0.1)
+            assert sup.membership().by_name["d0"].state is MemberState.LIVE and not conductor.mark_dead.calls
+            d0.stalled_s = 31.0                       # past the timeout: hung
+            await until(sup, "d0", MemberState.UNRESPONSIVE)
+            member = sup.membership().by_name["d0"]
+            assert "engine step has run for 31 s" in member.reason
+            assert [n.name for n in sup.membership().live(Role.DECODE)] == ["d1"]
+            assert [c[0] for c in conductor.mark_dead.calls] == ["d0"]
+            d0.stalled_s = 0.0                        # the step ended
+            await until(sup, "d0", MemberState.LIVE)
+            assert sup.membership().by_name["d0"].incarnation == 0   # the same instance, not a restart
+        finally:
+            sup.stop()
     asyncio.run(run())
