@@ -105,7 +105,7 @@ class PrefillDuty:
     def _add(self, req: NodeRequest, reply: Reply) -> None:
         rid = req.request_id
         if rid in self.requests:
-            reply.set(PrefillResult(rid, False, f"request id {rid!r} is already on this node"))
+            reply.set(PrefillResult(rid, False, f"request id {rid!r} is already on this node", no_room=True))
             return
         waiting = self.core.engine.num_backlogged()
         if waiting >= self.max_waiting:
@@ -117,8 +117,8 @@ class PrefillDuty:
         try:
             self.core.engine.validate(req.prompt_token_ids, req.params, prefill_only=True)
             self.bootstrap.add(pr)
-        except Exception as e:  # bad prompt, duplicate room: the decode side learns by bootstrap timeout or Abort
-            reply.set(PrefillResult(rid, False, str(e)))
+        except Exception as e:  # bad prompt, duplicate room: the caller aborts the decode side (no_room)
+            reply.set(PrefillResult(rid, False, str(e), no_room=True))
             return
         self.requests[rid] = pr
 

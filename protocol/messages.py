@@ -129,6 +129,7 @@ class PrefillResult:
     num_cached_tokens: int = 0
     timings: dict = field(default_factory=dict)
     overloaded: bool = False  # refused at once for want of capacity (see OVERLOADED); no room was opened
+    no_room: bool = False     # refused before any room was opened (a bad prompt, a duplicate id): no KV will come
 
 
 @dataclass(frozen=True, slots=True)

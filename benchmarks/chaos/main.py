@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", default=",".join(ROLES),
                    help=f"roles that may be killed, comma-separated: {','.join(ROLES)}")
     p.add_argument("--seed", type=int, default=0, help="the workload and the kill targets")
+    p.add_argument("--spare-last-node", action="store_true",
+                   help="never kill the last live node of a role (failover only; by default the cluster "
+                        "must ride out that node's death too: requests wait for its restart)")
     p.add_argument("--concurrency", type=int, default=6, help="requests in flight")
     p.add_argument("--num-requests", type=int, default=32, help="distinct requests; the chaos run cycles through them")
     p.add_argument("--min-tokens", type=int, default=24, help="max_tokens of each request is drawn from "
@@ -141,7 +144,7 @@ def _plan(args) -> tuple[KillSchedule, list[ChaosRequest]]:
     if importlib.util.find_spec("openai") is None:
         raise ValueError("the openai package is missing (pip install 'raypd[test]')")
     roles = [r.strip() for r in args.targets.split(",") if r.strip()]
-    return (KillSchedule(args.duration, args.kill_every, roles, args.seed),
+    return (KillSchedule(args.duration, args.kill_every, roles, args.seed, args.spare_last_node),
             build_requests(args.num_requests, args.seed, (args.min_tokens, args.max_tokens)))
 
 

@@ -9,8 +9,11 @@ through KINDS (those the allowed targets can take), so a run of three kills or m
                   failed and Ray restarts it (nodes only; the Conductor has no engine)
 
 The target is drawn at kill time, with the plan's own seeded RNG, from the allowed roles' actors
-that are live then (the caller leaves out those still recovering from an earlier kill); a node is a candidate only while another node of its role is live, so a kill
-tests failover rather than causing an outage the cluster cannot avoid.
+that are live then (the caller leaves out those still recovering from an earlier kill). The last
+live node of a role is a candidate too: the cluster must ride its death out (requests wait for its
+restart, serve/generation.py), so a 1 prefill + 1 decode run kills nodes as well as the Conductor.
+With spare_last_node (`--spare-last-node`) a node is a candidate only while another node of its role
+is live: a kill then tests failover alone, as the runs recorded before that option did.
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ def kind_fits(kind: Kind, role: str) -> bool:
 
 
 class KillSchedule:
-    def __init__(self, duration_s: float, every_s: float, roles: Iterable[str], seed: int = 0):
+    def __init__(self, duration_s: float, every_s: float, roles: Iterable[str], seed: int = 0,
+                 spare_last_node: bool = False):
         if every_s <= 0:
             raise ValueError("--kill-every must be > 0")
         self.roles = frozenset(roles)
@@ -62,15 +66,17 @@ class KillSchedule:
             k += 1
         self.planned = [PlannedKill(t, self.kinds[i % len(self.kinds)]) for i, t in enumerate(times)]
         self._rng = random.Random(seed)
+        self.spare_last_node = spare_last_node
 
     def eligible(self, kind: Kind, candidates: Sequence[T], live: set[str]) -> list[T]:
-        """The candidates this kind may hit now, by name: allowed role, live, and not the last live node of its role."""
+        """The candidates this kind may hit now, by name: allowed role, live, and (with spare_last_node)
+        not the last live node of its role."""
         out = []
         for c in candidates:
             if c.role not in self.roles or not kind_fits(kind, c.role) or c.name not in live:
                 continue
-            if c.role != CONDUCTOR and not any(o.role == c.role and o.name != c.name and o.name in live
-                                               for o in candidates):
+            if self.spare_last_node and c.role != CONDUCTOR and not any(
+                    o.role == c.role and o.name != c.name and o.name in live for o in candidates):
                 continue
             out.append(c)
         return sorted(out, key=lambda c: c.name)

@@ -94,6 +94,7 @@ class RequestDriver:
                           bootstrap_address=prefill.bootstrap_address, reply_address=self.receiver.address,
                           early_first_token=self.early_first_token)
         stream = self.receiver.open(req.request_id)   # before the prefill node can send the first token
+        stream.prefill_name = prefill.name
         try:
             prefill_ref = untracked(prefill.actor.prefill).remote(req)
         except BaseException:
@@ -104,7 +105,7 @@ class RequestDriver:
         # for its heartbeat timeout: abort the decode side as soon as the prefill() call fails. The
         # same when the prefill node refused the request (full): no KV will ever come.
         watch = asyncio.ensure_future(_outcome(prefill_ref))
-        prefill_died, prefill_refused = asyncio.Event(), asyncio.Event()
+        prefill_died, prefill_refused, prefill_no_room = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
         def on_prefill_end(fut: asyncio.Future) -> None:
             if fut.cancelled() or stream.received:
@@ -114,6 +115,8 @@ class RequestDriver:
                 prefill_died.set()
             elif isinstance(result, PrefillResult) and result.overloaded:
                 prefill_refused.set()
+            elif isinstance(result, PrefillResult) and result.no_room:
+                prefill_no_room.set()
             else:
                 return
             fire(untracked(decode.actor.abort).remote(req.request_id), ABORT_S)
@@ -133,13 +136,22 @@ class RequestDriver:
                                                               f"{type(watch.result()).__name__}")
         elif prefill_refused.is_set():  # no KV could come: whatever the decode side said, it was the refusal
             final = replace(final, finish_reason=OVERLOADED, error=watch.result().error)
+        elif prefill_no_room.is_set() and not stream.received:  # the same, refused for another reason
+            final = replace(final, finish_reason=None,
+                            error=f"prefill node {prefill.name} refused the request: {watch.result().error}")
         if final.error:  # the decode side is over: free the prefill side now, whatever it holds
             fire(untracked(prefill.actor.abort).remote(req.request_id), ABORT_S)
-        final, prefill_failed = await self._with_prefill_timings(final, prefill_ref)
+        final, prefill_failed = await self._with_prefill_timings(final, prefill_ref, waited_for_kv=not stream.received)
         if final.error:
-            # The stream's own failure (the decode node died or fell silent) is the decode node's;
-            # an error the decode node reported is the prefill node's when that one failed too.
-            blame = prefill if prefill_refused.is_set() or (prefill_failed and not stream.stream_failed) else decode
+            # The node the caller learnt was lost is that one's; the stream's own failure (the decode
+            # node died or fell silent) is the decode node's; an error the decode node reported is the
+            # prefill node's when that one failed, refused, or stayed silent while the KV was awaited.
+            if stream.lost_node:
+                blame = prefill if stream.lost_node == prefill.name else decode
+            elif prefill_refused.is_set() or prefill_no_room.is_set() or (prefill_failed and not stream.stream_failed):
+                blame = prefill
+            else:
+                blame = decode
             final = replace(final, failed_node=blame.name)
         yield final
 
@@ -162,14 +174,17 @@ class RequestDriver:
                     fire(untracked(prefill.actor.abort).remote(req.request_id), ABORT_S)
                     fire(prefill_ref, ABORT_S)
 
-    async def _with_prefill_timings(self, final: TokenChunk, prefill_ref) -> tuple[TokenChunk, bool]:
+    async def _with_prefill_timings(self, final: TokenChunk, prefill_ref,
+                                    waited_for_kv: bool = False) -> tuple[TokenChunk, bool]:
         """Merge the prefill node's phase timings into the final chunk (bounded wait: the decode side
         has already ended, so a live prefill node answers at once); and whether the prefill node
-        failed (its call raised: it died or its engine crashed)."""
+        failed: its call raised (it died or its engine crashed), or, when the decode side ended with an
+        error before any token (`waited_for_kv`), it stayed silent for prefill_wait_s (it is hung: the
+        decode side's transfer timed out because of it)."""
         try:
             result: PrefillResult = await asyncio.wait_for(prefill_ref, self.prefill_wait_s)
         except asyncio.TimeoutError:
-            return final, False
+            return final, bool(final.error) and waited_for_kv
         except ray.exceptions.RayError:
             return final, True
         timings = {**{f"prefill.{k}": v for k, v in result.timings.items()},

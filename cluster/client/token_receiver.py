@@ -42,7 +42,8 @@ _ENDED = object()  # queued when the node's generate() call returned or failed
 
 
 class _NodeLost(str):
-    """Queued by TokenReceiver.fail_node(): the caller learnt the node is gone or hung; the reason."""
+    """Queued by TokenReceiver.fail_node(): the caller learnt a node is gone or hung; the reason."""
+    node = ""
 
 
 def merge(chunks: list[TokenChunk]) -> TokenChunk:
@@ -67,6 +68,8 @@ class TokenStream:
         self.node_done = False     # the node's call returned or failed: nothing left to abort there
         self.stream_failed = False  # the error final is this stream's own: the node died, fell silent, lost tokens
         self.node_name = ""        # the node relay() reads from, once it runs
+        self.prefill_name = ""     # PD: the node computing the prompt, whose KV this stream waits for
+        self.lost_node = ""        # the node fail_node() named, when that ended the stream
         self.gap: tuple[int, int] | None = None  # (first missing token, first token after the hole)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._streams = streams
@@ -78,9 +81,12 @@ class TokenStream:
         if self._streams.get(self.request_id) is self:
             del self._streams[self.request_id]
 
-    def node_lost(self, reason: str) -> None:
-        """End the stream now with an error naming `reason` (relay() yields it as the final chunk)."""
-        self._queue.put_nowait(_NodeLost(reason))
+    def node_lost(self, reason: str, node: str = "") -> None:
+        """End the stream now with an error naming `reason` (relay() yields it as the final chunk),
+        held against `node` (lost_node)."""
+        lost = _NodeLost(reason)
+        lost.node = node
+        self._queue.put_nowait(lost)
 
     async def relay(self, end: Awaitable[StreamEnd], node_name: str, chunk_timeout_s: float,
                     tail_s: float) -> AsyncGenerator[TokenChunk, None]:
@@ -105,6 +111,7 @@ class TokenStream:
                 yield self._gap_error(node_name)
                 return
             if gone := next((i for i in items if isinstance(i, _NodeLost)), None):
+                self.lost_node = gone.node
                 yield self._error(str(gone))
                 return
             if any(i is _ENDED for i in items):
@@ -230,11 +237,14 @@ class TokenReceiver:
         return stream
 
     def fail_node(self, node_name: str, reason: str) -> int:
-        """End every stream relaying from `node_name` with an error (the caller learnt the node is
-        hung or gone, sooner than chunk_timeout_s would tell); returns how many. On the streams' loop."""
-        lost = [s for s in self._streams.values() if s.node_name == node_name]
+        """End every stream relaying from `node_name`, and every one still waiting for its first token
+        from a prompt `node_name` computes (PD), with an error held against it (the caller learnt the
+        node is hung or gone, sooner than chunk_timeout_s or the decode side's bootstrap timeout would
+        tell); returns how many. On the streams' loop."""
+        lost = [s for s in self._streams.values()
+                if s.node_name == node_name or (s.prefill_name == node_name and not s.received and not s.ahead)]
         for stream in lost:
-            stream.node_lost(reason)
+            stream.node_lost(reason, node_name)
         return len(lost)
 
     def close(self) -> None:

@@ -10,8 +10,9 @@ delays a probe; a step that never ends shows in the load as stalled_s. What it d
     is told (mark_dead) rather than left to notice by missed heartbeats; it is LIVE again once it
     answers and its engine turns;
   - ready() answers with a new instance id: Ray restarted the actor (the node pool creates nodes
-    with max_restarts); the handle is refreshed (a new bootstrap address), the node is attached to
-    the Conductor again, and it is LIVE with incarnation + 1;
+    with max_restarts); the handle is refreshed (a new bootstrap address) and the node is LIVE with
+    incarnation + 1 at once, so routers without the Conductor can use it; its attachment to the
+    Conductor runs in the background, retried until it takes (the Conductor may be away too);
   - the Conductor answers with a new instance id: it restarted; the nodes re-register by themselves
     (node/conductor_link.py), nothing to do here but count it.
 Ray restarts an actor at once; a node that keeps crashing is bounded by max_restarts, then DEAD.
@@ -67,6 +68,7 @@ class NodeSupervisor:
         self._version = 0
         self._snapshot = self._build()
         self._tasks: list[asyncio.Task] = []
+        self._attaching: dict[str, asyncio.Task] = {}  # node name -> its new incarnation's attachment
 
     # -- for the node pool ------------------------------------------------------------------------
     def start(self) -> None:
@@ -77,7 +79,7 @@ class NodeSupervisor:
             self._tasks.append(loop.create_task(self._watch(None)))
 
     def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._attaching.values()]:
             task.cancel()
 
     def membership(self) -> Membership:
@@ -119,15 +121,24 @@ class NodeSupervisor:
     async def _restarted(self, member: Member, info: dict, instance: str) -> None:
         node = replace(member.node, host=info["host"], num_blocks=info["num_blocks"],
                        bootstrap_address=info.get("bootstrap_address", ""))
-        if self.conductor is not None:
-            try:
-                await asyncio.wait_for(node.actor.attach_conductor.remote(self.conductor), self.attach_timeout_s)
-            except Exception as e:  # noqa: BLE001 - retried next round: the instance id is not recorded yet
-                log.warning("re-attaching restarted node %s to the Conductor failed: %s", node.name, e)
-                return
         self._instances[member.name] = instance
         log.warning("node %s is back (incarnation %d)", node.name, member.incarnation + 1)
         self._set(Member(node, MemberState.LIVE, member.incarnation + 1, member.restarts + 1), changed=None)
+        if self.conductor is not None:
+            if (previous := self._attaching.pop(node.name, None)) is not None:
+                previous.cancel()  # an earlier incarnation's attachment: that actor is gone
+            self._attaching[node.name] = asyncio.get_running_loop().create_task(self._attach(node, instance))
+
+    async def _attach(self, node: NodeHandle, instance: str) -> None:
+        """Attach this incarnation to the Conductor, retrying every probe interval until it takes,
+        while it is still the node's current incarnation and not dead."""
+        while self._instances.get(node.name) == instance and self._members[node.name].state is not MemberState.DEAD:
+            try:
+                await asyncio.wait_for(node.actor.attach_conductor.remote(self.conductor), self.attach_timeout_s)
+                return
+            except Exception as e:  # noqa: BLE001 - the Conductor may be away: the node serves meanwhile
+                log.warning("attaching restarted node %s to the Conductor failed (retrying): %s", node.name, e)
+            await asyncio.sleep(self.probe_interval_s)
 
     def _failed(self, member: Member, error: BaseException) -> None:
         state = state_after(error)

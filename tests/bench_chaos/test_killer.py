@@ -109,8 +109,8 @@ async def _probe() -> bool:
     return True
 
 
-def _run(cluster, monitor, roles=("decode", "conductor"), duration=0.35, every=0.1):
-    schedule = KillSchedule(duration, every, roles, seed=1)
+def _run(cluster, monitor, roles=("decode", "conductor"), duration=0.35, every=0.1, spare_last_node=False):
+    schedule = KillSchedule(duration, every, roles, seed=1, spare_last_node=spare_last_node)
     killer = Killer(schedule, cluster, monitor, _probe, time.monotonic() + 5, every)
 
     async def go():
@@ -148,7 +148,8 @@ def test_a_crash_call_that_hangs_is_not_a_kill():
 
 def test_no_live_target_is_a_failure_not_a_kill():
     cluster = FakeCluster(TARGETS)
-    killer, recovery = _run(cluster, FakeMonitor(live={"raypd-decode-0"}), roles=("decode",), duration=0.15)
+    killer, recovery = _run(cluster, FakeMonitor(live={"raypd-decode-0"}), roles=("decode",), duration=0.15,
+                            spare_last_node=True)
     assert killer.kills == [] and recovery == []
     assert [(f.kind, f.target, f.error) for f in killer.failures] == [("ray_kill", None, "no eligible target")]
 
@@ -156,7 +157,7 @@ def test_no_live_target_is_a_failure_not_a_kill():
 def test_a_member_still_recovering_is_not_killed_again():
     cluster = FakeCluster(TARGETS, crash="dies")
     monitor = FakeMonitor(live=None, recovers_after_s=0.5)  # Ray still says ALIVE: its view lags too
-    killer, recovery = _run(cluster, monitor, roles=("decode",), duration=0.35)
+    killer, recovery = _run(cluster, monitor, roles=("decode",), duration=0.35, spare_last_node=True)
     # The first kill takes one decode node; while it recovers the other is the last live decode node.
     assert [k.kind for k in killer.kills] == ["ray_kill"] and recovery == [1.5]
     assert [(f.kind, f.error) for f in killer.failures] == [("sigkill", "no eligible target"),

@@ -57,8 +57,12 @@ def test_only_allowed_roles_and_live_members():
     assert "raypd-conductor" not in [t.name for t in s.eligible("sigkill", CLUSTER, live)]
 
 
-def test_never_the_last_live_node_of_a_role():
+def test_the_last_live_node_of_a_role_is_a_target_unless_spared():
     s = KillSchedule(100, 10, ["prefill", "decode"])
+    live = ALL_LIVE - {"raypd-decode-0"}  # decode-0 is restarting: decode-1 is the last live decode node
+    assert [t.name for t in s.eligible("sigkill", CLUSTER, live)] == [
+        "raypd-decode-1", "raypd-prefill-0", "raypd-prefill-1"]
+    s = KillSchedule(100, 10, ["prefill", "decode"], spare_last_node=True)
     live = ALL_LIVE - {"raypd-decode-0"}  # decode-0 is restarting: decode-1 is the last live decode node
     assert [t.name for t in s.eligible("sigkill", CLUSTER, live)] == ["raypd-prefill-0", "raypd-prefill-1"]
     one_prefill = [t for t in CLUSTER if t.name != "raypd-prefill-1"]

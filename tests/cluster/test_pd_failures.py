@@ -303,3 +303,44 @@ def test_decode_killed_mid_stream(cluster, prompt_ids, hf_reference):
     for i, (tokens, final) in enumerate(fine):
         assert final.error is None and tokens == hf_reference[i]
     assert_idle(cluster.nodes)  # prefill-0 freed the rooms it was sending to the dead node
+
+
+def test_a_prefill_node_that_refuses_without_a_room_fails_the_request_at_once(cluster, prompt_ids):
+    """The prefill node cannot take the prompt (more KV than its pool holds) and answers at once with
+    no room opened: the driver aborts the decode side then, instead of leaving it waiting out its
+    bootstrap timeout (20 s here), and holds the prefill node responsible."""
+    small = cluster.add_nodes(["prefill"], {"num_blocks": 8})[0]   # 128 tokens of KV
+    decode = node(cluster, "decode-0")
+    driver = RequestDriver()
+    try:
+        tokens, final = asyncio.run(asyncio.wait_for(
+            collect(driver, "refused", SLOW_PROMPT[:300], GREEDY, prefill=small, decode=decode),
+            HANG_GUARD_S))
+        assert not tokens and final.failed_node == small.name
+        assert f"prefill node {small.name} refused the request" in final.error and "KV blocks" in final.error
+        assert_idle([small, decode])
+    finally:
+        driver.close()
+        ray.kill(small.actor)
+        cluster.remove(small)
+
+
+def test_a_hung_prefill_node_is_blamed_not_the_decode_node_that_timed_out(cluster, prompt_ids):
+    """SIGSTOP of the prefill node before the request reaches it: the decode side's bootstrap times
+    out (5 s) and ends the request with its own error; the prefill node stays silent past the
+    driver's wait (2 s), so the driver holds it responsible: retries avoid it and the breaker counts
+    it, not the healthy decode node."""
+    prefill = cluster.add_nodes(["prefill"])[0]
+    decode = cluster.add_nodes(["decode"], transfer_options={"bootstrap_timeout_s": 5.0})[0]
+    driver = RequestDriver(prefill_wait_s=2.0)
+    try:
+        with paused(prefill):
+            tokens, final = asyncio.run(asyncio.wait_for(
+                collect(driver, "hung", prompt_ids[0], GREEDY, prefill=prefill, decode=decode), HANG_GUARD_S))
+        assert not tokens and final.error and final.failed_node == prefill.name
+        assert_idle([prefill, decode])   # thawed, the prefill node finds the request aborted
+    finally:
+        driver.close()
+        for n in (prefill, decode):
+            ray.kill(n.actor)
+            cluster.remove(n)

@@ -107,6 +107,7 @@ def test_probe_outcomes_move_nodes_between_states_and_tell_the_conductor():
         assert len(conductor.mark_dead.calls) == 1
         d0.error, d0.instance = None, "b"                                    # Ray restarted it
         m = await sup.probe_round()
+        await asyncio.sleep(0)                                               # the attachment's task starts
         d0m = m.by_name["d0"]
         assert (d0m.state, d0m.incarnation, d0m.restarts) == (MemberState.LIVE, 1, 1)
         assert d0m.node.bootstrap_address == "tcp://b"                       # the new incarnation's handle
@@ -284,6 +285,43 @@ def test_a_stalled_engine_leaves_routing_and_comes_back_when_its_step_ends():
             d0.stalled_s = 0.0                        # the step ended
             await until(sup, "d0", MemberState.LIVE)
             assert sup.membership().by_name["d0"].incarnation == 0   # the same instance, not a restart
+        finally:
+            sup.stop()
+    asyncio.run(run())
+
+
+def test_a_restarted_node_serves_while_its_attachment_to_the_conductor_is_retried():
+    """The Conductor is away when Ray restarts a node: the node is LIVE as its new incarnation at once
+    (the local fallback router can use it), and the attachment is retried in the background until it
+    takes, without holding up the node's watch loop."""
+    async def run():
+        (p0, d0, d1), conductor = cluster()
+        failures = [ray.exceptions.ActorUnavailableError("the Conductor is restarting", None)] * 3
+
+        def attach(_conductor):
+            if failures:
+                raise failures.pop()
+        d0.attach_conductor = Method(attach)
+        sup = NodeSupervisor([handle(n) for n in (p0, d0, d1)], conductor, probe_interval_s=0.01,
+                             probe_timeout_s=1, attach_timeout_s=1)
+        sup.start()
+        try:
+            while sup.membership().by_name["d0"].load is None:               # the first instance is known
+                await asyncio.sleep(0.01)
+            d0.instance = "b"                                                # Ray restarted it
+            for _ in range(200):
+                if sup.membership().by_name["d0"].incarnation == 1:
+                    break
+                await asyncio.sleep(0.01)
+            d0m = sup.membership().by_name["d0"]
+            assert (d0m.state, d0m.incarnation, d0m.node.bootstrap_address) == (MemberState.LIVE, 1, "tcp://b")
+            for _ in range(200):
+                if not failures and len(d0.attach_conductor.calls) == 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert d0.attach_conductor.calls == [(conductor,)] * 4           # 3 failed, the 4th took
+            await asyncio.sleep(0.1)
+            assert len(d0.attach_conductor.calls) == 4 and sup.membership().by_name["d0"].incarnation == 1
         finally:
             sup.stop()
     asyncio.run(run())
