@@ -31,7 +31,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint && \
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not serial" tests && \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=25 tests && \
 	$(PY) -m pytest -q -m serial tests; \
 	rc=$$?; echo "make test: $$(( $$(date +%s) - start )) s wall for lint, types and every test (exit $$rc)"; exit $$rc
 
