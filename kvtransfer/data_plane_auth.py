@@ -15,7 +15,11 @@ authenticated. Its cost is encryption: 4 MiB messages move at ~600 MB/s per core
 in the clear on loopback, which matters only to the tcp backend (NIXL's bytes travel over UCX; its
 metadata, which holds the memory keys a writer needs, travels over the authenticated bootstrap).
 
-Keys: one CURVE key pair derived from the secret (BLAKE2b keyed with the secret), used by both ends.
+Keys: one CURVE key pair derived from the whole secret (BLAKE2b of the secret, then BLAKE2b keyed with
+that), used by both ends. A secret is at least 32 bytes and, by its own byte frequencies, carries at
+least 128 bits (random bytes, or the hex or base64 text of 32 random bytes, pass; a repeated or short
+phrase does not). Server sockets set ZAP_ENFORCE_DOMAIN: without its ZAP handler a server refuses
+everyone (libzmq's default would admit any client that knows the server's public key).
 The secret never leaves a DataPlaneSecret: repr() hides it and no key is logged.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
 import threading
@@ -37,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # The environment variable `raypd serve` reads the secret from (a Kubernetes Secret mounts it there).
 SECRET_ENV = "RAYPD_DATA_PLANE_SECRET"
-MIN_SECRET_BYTES = 16
+MIN_SECRET_BYTES = 32
+MIN_SECRET_BITS = 128
 LOG_EVERY = 1000  # a flood of refused peers logs its first refusal and then one in a thousand
 
 
@@ -48,7 +54,14 @@ def log_refusal(count: int, msg: str, *args: object) -> None:
         log.warning(msg + " (%d so far)", *args, count)
 _ZAP_DOMAIN = "raypd"
 SocketT = TypeVar("SocketT", bound=zmq.Socket)
-_KEY_CONTEXT = b"raypd data plane curve key v1"
+_KEY_CONTEXT = b"raypd data plane curve key v2"
+
+
+def estimated_bits(value: bytes) -> float:
+    """A crude upper bound of a secret's entropy: its length times the Shannon entropy of its byte
+    frequencies. It cannot tell a random secret from a clever pattern, only refuse the obvious ones."""
+    counts = [value.count(b) for b in set(value)]
+    return -sum(c * math.log2(c / len(value)) for c in counts) if value else 0.0
 
 
 class DataPlaneSecret:
@@ -58,7 +71,11 @@ class DataPlaneSecret:
 
     def __init__(self, value: bytes):
         if not isinstance(value, bytes) or len(value) < MIN_SECRET_BYTES:
-            raise ValueError(f"a data plane secret needs at least {MIN_SECRET_BYTES} bytes")
+            raise ValueError(f"a data plane secret needs at least {MIN_SECRET_BYTES} bytes "
+                             f"(e.g. `openssl rand -hex 32`)")
+        if estimated_bits(value) < MIN_SECRET_BITS:
+            raise ValueError(f"the data plane secret is guessable: about {estimated_bits(value):.0f} bits by its "
+                             f"own byte frequencies, {MIN_SECRET_BITS} needed (e.g. `openssl rand -hex 32`)")
         self._value = value
         self._keys: tuple[bytes, bytes] | None = None
 
@@ -81,7 +98,8 @@ class DataPlaneSecret:
 
     def _key_pair(self) -> tuple[bytes, bytes]:
         if self._keys is None:
-            raw = hashlib.blake2b(_KEY_CONTEXT, key=self._value[:64], digest_size=32).digest()
+            whole = hashlib.blake2b(self._value, digest_size=64).digest()  # every byte counts; a key is <= 64
+            raw = hashlib.blake2b(_KEY_CONTEXT, key=whole, digest_size=32).digest()
             secret_z85 = z85.encode(raw)
             self._keys = (zmq.curve_public(secret_z85), secret_z85)
         return self._keys
@@ -120,6 +138,7 @@ def as_server(sock: SocketT, secret: DataPlaneSecret) -> SocketT:
     """Make a socket (before bind) accept only peers holding `secret`; its context must be guarded."""
     guard(sock.context, secret)
     sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN.encode())
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no ZAP handler: refuse, never admit by default
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, secret.secret_key)
     return sock

@@ -111,8 +111,10 @@ class ConductorLink:
                     last = time.monotonic()
                 except asyncio.CancelledError:
                     raise
-                except Exception as e:  # noqa: BLE001 - the events task re-registers when the Conductor is back
+                except Exception as e:  # noqa: BLE001 - the Conductor may restart: register again
                     log.warning("conductor heartbeat of %s: %s", self.node.name, e)
+                    # A node with no KV events to send learns of a restarted Conductor only here.
+                    self.registered = False
             await asyncio.sleep(self.interval_s)
 
     async def _call(self, ref):

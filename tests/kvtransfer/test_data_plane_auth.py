@@ -18,7 +18,7 @@ from raypd.cluster.client.token_receiver import TokenReceiver
 from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
 from raypd.kvtransfer import TransferState as S
 from raypd.kvtransfer.bootstrap import schema
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client, refused
+from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client, as_server, refused, unguard
 from raypd.kvtransfer.tcp_backend import TcpBackend
 from raypd.node.streams import Reply, TokenStreams
 from raypd.protocol.messages import TokenChunk, pack_chunks
@@ -67,13 +67,46 @@ def stranger(ctx: zmq.Context, kind: str, how: str, identity: bytes | None = Non
     return sock
 
 
+TEXT_SECRET = "9f1c2e7a5b3d4c6e8f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6a"  # `openssl rand -hex 32`
+
+
 def test_the_secret_never_prints_and_survives_pickling():
-    s = DataPlaneSecret.from_text("  correct horse battery staple\n")
-    assert "horse" not in repr(s) and "horse" not in str(s) and "horse" not in repr(config(secret=s))
+    s = DataPlaneSecret.from_text(f"  {TEXT_SECRET}\n")
+    assert "9f1c2e7a" not in repr(s) and "9f1c2e7a" not in str(s) and "9f1c2e7a" not in repr(config(secret=s))
     assert pickle.loads(pickle.dumps(s)) == s and s != DataPlaneSecret.generate()
-    assert s.public_key == DataPlaneSecret(b"correct horse battery staple").public_key
-    with pytest.raises(ValueError):
-        DataPlaneSecret(b"short")
+    assert s.public_key == DataPlaneSecret(TEXT_SECRET.encode()).public_key
+
+
+@pytest.mark.parametrize("value", [b"short", b"correct horse battery staple", b"a" * 64, b"ab" * 40],
+                         ids=["short", "phrase", "repeated", "two-letters"])
+def test_a_short_or_guessable_secret_is_refused(value):
+    with pytest.raises(ValueError, match="at least 32 bytes|guessable"):
+        DataPlaneSecret(value)
+
+
+def test_every_byte_of_the_secret_counts():
+    head = TEXT_SECRET.encode() * 2   # 128 bytes: more than a BLAKE2b key holds
+    assert DataPlaneSecret(head + b"1").public_key != DataPlaneSecret(head + b"2").public_key
+
+
+def test_without_its_zap_handler_a_server_refuses_everyone():
+    """A CURVE server whose ZAP handler is gone fails closed (ZAP_ENFORCE_DOMAIN): libzmq's default
+    would admit a client that knows only the server's public key."""
+    ctx = zmq.Context()
+    srv = cli = None
+    try:
+        srv = as_server(ctx.socket(zmq.PULL), SECRET)
+        port = srv.bind_to_random_port("tcp://127.0.0.1")
+        unguard(ctx)                                  # the handler stopped (or never ran)
+        cli = stranger(ctx, "PUSH", "knows-server-key")
+        cli.connect(f"tcp://127.0.0.1:{port}")
+        cli.send(b"hello", zmq.NOBLOCK)
+        assert not srv.poll(QUIET_MS)
+    finally:
+        for sock in (cli, srv):
+            if sock is not None:
+                sock.close(linger=0)
+        ctx.term()
 
 
 @pytest.mark.parametrize("how", ["plain", "guess", "knows-server-key"])

@@ -20,16 +20,16 @@ def test_a_fresh_secret_per_deployment_shared_by_its_nodes(monkeypatch):
 
 
 def test_the_secret_comes_from_the_environment_when_set(monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "a-kubernetes-secret-of-some-length\n")
-    assert ServeConfig().secret == DataPlaneSecret(b"a-kubernetes-secret-of-some-length")
+    monkeypatch.setenv(SECRET_ENV, "q8Vw3kZ1xR7tY2uN5mB9cL4aJ6hG0fD+eS/pO=\n")   # base64 text
+    assert ServeConfig().secret == DataPlaneSecret(b"q8Vw3kZ1xR7tY2uN5mB9cL4aJ6hG0fD+eS/pO=")
     monkeypatch.setenv(SECRET_ENV, "short")
     with pytest.raises(ServeConfigError, match=SECRET_ENV):
         ServeConfig()
 
 
 def test_the_secret_never_prints_and_is_not_an_app_arg(monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "correct horse battery staple")
+    monkeypatch.setenv(SECRET_ENV, "q8Vw3kZ1xR7tY2uN5mB9cL4aJ6hG0fD+eS/pO=")
     cfg = ServeConfig()
-    assert "horse" not in repr(cfg) and "horse" not in repr(cfg.cluster_spec())
+    assert "q8Vw3kZ1" not in repr(cfg) and "q8Vw3kZ1" not in repr(cfg.cluster_spec())
     with pytest.raises(ServeConfigError, match=SECRET_ENV):
-        ServeConfig.from_args({"data_plane_secret": "correct horse battery staple"})
+        ServeConfig.from_args({"data_plane_secret": "q8Vw3kZ1xR7tY2uN5mB9cL4aJ6hG0fD+eS/pO="})
