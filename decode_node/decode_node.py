@@ -16,8 +16,8 @@ class DecodeNode(NodeActor):
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None):
-        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret)
+                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None, chaos_hooks: bool = False):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret, chaos_hooks)
         super().__init__(core, DecodeDuty(core, name, transfer_options, aux_slots, prealloc_timeout_s))
 
     async def generate(self, req: NodeRequest) -> StreamEnd:

@@ -30,8 +30,8 @@ class FlexNode(NodeActor):
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
                  prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None,
-                 duty: Duty | str = Duty.DECODE):
-        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret)
+                 duty: Duty | str = Duty.DECODE, chaos_hooks: bool = False):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret, chaos_hooks)
         prefill = PrefillDuty(core, name, transfer_options, aux_slots)
         decode = DecodeDuty(core, name, transfer_options, aux_slots, prealloc_timeout_s,
                             receiver_name=f"{name}-decode")

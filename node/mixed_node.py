@@ -15,8 +15,8 @@ class MixedNode(NodeActor):
     duty: MixedDuty
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
-                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None):
-        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret)
+                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None, chaos_hooks: bool = False):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret, chaos_hooks)
         super().__init__(core, MixedDuty(core, name))
 
     async def generate(self, req: NodeRequest) -> StreamEnd:

@@ -15,6 +15,10 @@ from raypd.protocol.messages import KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
 
 
+class ChaosHooksDisabled(PermissionError):
+    """A chaos hook was called on a node built without them."""
+
+
 class NodeActor:
     role: ClassVar[Role]
 
@@ -55,17 +59,25 @@ class NodeActor:
         await self.core.attach_conductor(conductor, self)
 
     async def crash_engine(self) -> None:
-        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows)."""
+        """Chaos testing: crash this node's engine thread (node/node_core.py says what follows).
+        ChaosHooksDisabled unless the node was built with chaos_hooks."""
+        self._check_chaos_hooks("crash_engine")
         self.core.crash_engine()
 
     async def fail_requests(self, n: int) -> int:
         """Chaos testing: fail the next n streamed requests at once, while the node stays up
-        (NodeCore.fail_requests)."""
+        (NodeCore.fail_requests). ChaosHooksDisabled unless the node was built with chaos_hooks."""
+        self._check_chaos_hooks("fail_requests")
         return await self.core.fail_requests(n)
 
     async def shutdown(self) -> None:
         self.core.shutdown()
         self.duty.close()
+
+    def _check_chaos_hooks(self, hook: str) -> None:
+        if not self.core.chaos_hooks:
+            raise ChaosHooksDisabled(f"node {self.name}: {hook}() is a chaos hook, off unless the node is started "
+                                     f"with chaos hooks (raypd serve --chaos-hooks)")
 
     # -- engine thread ----------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:

@@ -52,13 +52,17 @@ PUBLISH_EVERY_S = 0.1
 
 class NodeCore:
     def __init__(self, name: str, role: Role, model: str | None = None, engine_options: dict | None = None,
-                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None):
+                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None, chaos_hooks: bool = False):
         options = dict(engine_options or {})
         # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
         options.setdefault("num_threads", max(1, int(num_cpus)))
         options["device"] = node_device(options.get("device", "auto"), GpuAssignment.of_this_actor(), name)
         self.name = name
         self.role = role
+        # The Ray-callable chaos hooks (crash_engine, fail_requests) answer only when the node was built
+        # with them (`raypd serve --chaos-hooks`, the chaos benchmark): in production a caller that
+        # reaches a node's actor handle must not be able to crash it or fail its requests.
+        self.chaos_hooks = chaos_hooks
         self._kv_events: deque[KVEvent] = deque()
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
         # Every token, bootstrap and KV connection proves it holds this (kvtransfer/data_plane_auth.py);

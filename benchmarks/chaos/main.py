@@ -159,7 +159,7 @@ def run_config(args, argv: list[str], cmd: list[str], log_dir: Path, schedule: K
 def serve_command(args, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "raypd", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--prefill-nodes", str(args.prefill_nodes), "--decode-nodes", str(args.decode_nodes),
-           "--cpus-per-node", str(args.cpus_per_node)]
+           "--cpus-per-node", str(args.cpus_per_node), "--chaos-hooks"]  # engine_crash kills call crash_engine()
     if args.max_node_restarts >= 0:
         cmd += ["--max-node-restarts", str(args.max_node_restarts)]
     return cmd + shlex.split(args.serve_args)

@@ -87,6 +87,9 @@ def add_serve_parser(sub) -> None:
                    help="re-routes of a request whose node failed before its first token (default 3)")
     p.add_argument("--migration-limit", type=int, default=3,
                    help="replays of a request whose decode node failed mid-stream, on a live pair (default 3)")
+    p.add_argument("--chaos-hooks", action="store_true",
+                   help="let callers crash a node's engine or fail its requests (crash_engine, fail_requests): "
+                        "for chaos tests and `raypd bench chaos` only, never in production")
     p.add_argument("--stall-timeout", type=float, default=60.0,
                    help="seconds one engine step may run before its node counts as hung and leaves routing "
                         "until the step ends (default 60; probes never wait for a step)")
@@ -120,7 +123,7 @@ def config_from_args(args):
         request_timeout_s=args.request_timeout,
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
         retry_limit=args.retry_limit, migration_limit=args.migration_limit, recovery_wait_s=args.recovery_wait,
-        stall_timeout_s=args.stall_timeout,
+        stall_timeout_s=args.stall_timeout, chaos_hooks=args.chaos_hooks,
         max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=args.max_queued_requests,
         ttft_slo_s=args.ttft_slo, adaptive=args.adaptive, local_prefill_budget=args.local_prefill_budget,
         tpot_target_s=args.tpot_target)

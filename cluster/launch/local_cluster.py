@@ -87,6 +87,8 @@ class ClusterSpec:
     # holds this. By default the driver process's own, which its RequestDriver uses too; `raypd serve`
     # makes one per deployment (or reads it from RAYPD_DATA_PLANE_SECRET). Handed over by Ray, never logged.
     data_plane_secret: DataPlaneSecret = field(default_factory=process_secret, repr=False, compare=False)
+    # The nodes' Ray-callable chaos hooks (crash_engine, fail_requests) answer: chaos tests and benchmarks only.
+    chaos_hooks: bool = False
 
     def __post_init__(self) -> None:
         if min(self.prefill_nodes, self.decode_nodes, self.mixed_nodes) < 0:
@@ -254,7 +256,7 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
         if role in (Role.DECODE, Role.FLEX) and spec.local_prefill_budget is not None else {}
     options = {**spec.engine_options, **budget, **spec.role_engine_options.get(role, {}), **engine_options}
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,
-              "data_plane_secret": spec.data_plane_secret}
+              "data_plane_secret": spec.data_plane_secret, "chaos_hooks": spec.chaos_hooks}
     if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint
         kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
     if role in (Role.DECODE, Role.FLEX):

@@ -55,6 +55,7 @@ class ServeConfig:
     # ends. Probes never wait for a step, so a long step alone (a big model, a long prefill chunk on
     # CPU) costs nothing below this.
     stall_timeout_s: float = 60.0
+    chaos_hooks: bool = False             # nodes answer crash_engine / fail_requests (chaos tests only)
     route_timeout_s: float = 5.0          # the Conductor's deadline per decision; then the local fallback
     breaker_failures: int = 3             # a node failing this many requests within breaker_window_s ...
     breaker_window_s: float = 30.0
@@ -202,7 +203,7 @@ class ServeConfig:
                            transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
                            gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name,
                            policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts,
-                           data_plane_secret=self.secret,
+                           data_plane_secret=self.secret, chaos_hooks=self.chaos_hooks,
                            local_prefill_budget=self.local_prefill_budget if self.adaptive else None,
                            flex=self.adaptive, tpot_target_s=self.tpot_target_s if self.adaptive else None,
                            conductor_options={} if self.ttft_slo_s is None else {"ttft_slo_s": self.ttft_slo_s})

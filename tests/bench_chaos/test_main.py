@@ -28,5 +28,6 @@ def test_the_server_command():
     flags = " ".join(cmd[4:])
     assert "--host 127.0.0.1 --port 8123" in flags and "--prefill-nodes 2 --decode-nodes 3" in flags
     assert "--max-node-restarts 1000" in flags and flags.endswith("--policy cost")
+    assert "--chaos-hooks" in flags  # its engine_crash kills need the nodes' crash_engine()
     args = build_parser().parse_args(["--max-node-restarts", "-1"])
     assert "--max-node-restarts" not in serve_command(args, 1)

@@ -33,7 +33,7 @@ RECOVER_S = 120  # bound on waiting for a restarted node to be live again
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("fault") / "raypd-serve.log"
     srv = ServerProcess.start(log_path, "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5",
-                              "--no-dashboard", "--max-node-restarts", "50", "--num-blocks", "512",
+                              "--no-dashboard", "--max-node-restarts", "50", "--num-blocks", "512", "--chaos-hooks",
                               # Its local Ray without token auth, so this process can join it by address.
                               env={"RAY_AUTH_MODE": "disabled"})
     try:

@@ -92,3 +92,33 @@ def test_decode_node_crash_ends_every_stream_with_an_error():
         asyncio.run(run())
     finally:
         sink.close()
+
+
+def test_the_chaos_hooks_refuse_unless_the_node_was_built_with_them():
+    """crash_engine() and fail_requests() are Ray-callable on every node; in production (no chaos hooks)
+    they refuse, and the node goes on serving."""
+    from raypd.node.mixed_node import MixedNode
+    from raypd.node.node_actor import ChaosHooksDisabled
+
+    async def run():
+        node = MixedNode("hooks-off", engine_options={"num_blocks": 16})
+        try:
+            with pytest.raises(ChaosHooksDisabled, match="--chaos-hooks"):
+                await node.crash_engine()
+            with pytest.raises(ChaosHooksDisabled):
+                await node.fail_requests(5)
+            await asyncio.sleep(0.1)
+            assert node.core.loop.crashed is None and (await node.ready())["name"] == "hooks-off"
+        finally:
+            await node.shutdown()
+        armed = MixedNode("hooks-on", engine_options={"num_blocks": 16}, chaos_hooks=True)
+        try:
+            assert await armed.fail_requests(0) == 0
+            await armed.crash_engine()
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while armed.core.loop.crashed is None:   # the engine thread goes down for real
+                assert asyncio.get_running_loop().time() < deadline, "crash_engine() did not crash it"
+                await asyncio.sleep(0.01)
+        finally:
+            await armed.shutdown()
+    asyncio.run(run())
