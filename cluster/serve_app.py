@@ -5,12 +5,14 @@
     serveConfigV2: import_path: cluster.serve_app:app_builder, args: {model: /models/x, ...}
 
 app_builder's args are ServeConfig's fields: model, prefill_nodes, decode_nodes, mixed_nodes,
-policy, api_key (default: $RAYPD_API_KEY), and the rest of ServeConfig for finer control.
+policy, and the rest of ServeConfig for finer control; not the API key, which comes from
+$RAYPD_API_KEY only (a Serve config file's args show in the Ray dashboard), as the data plane secret
+comes from $RAYPD_DATA_PLANE_SECRET.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig
@@ -44,8 +46,12 @@ def build_serve_app(config: ServeConfig) -> Application:
 def app_builder(args: dict) -> Application:
     """Serve's application-builder entry point (`serve run` passes key=value args as strings)."""
     args = {k: _coerce(k, v) for k, v in dict(args).items()}
-    args.setdefault("api_key", os.environ.get("RAYPD_API_KEY") or None)
-    return build_serve_app(ServeConfig.from_args(args))
+    if "api_key" in args:
+        raise ServeConfigError("the API key is read from RAYPD_API_KEY, not from the app args "
+                               "(a Serve config file's args show in the Ray dashboard)")
+    config = ServeConfig.from_args(args)
+    key = os.environ.get("RAYPD_API_KEY") or None
+    return build_serve_app(replace(config, api_key=key) if key else config)
 
 
 _TYPES = {f.name: str(f.type) for f in fields(ServeConfig)}

@@ -68,14 +68,18 @@ def test_sigterm_while_starting_stops_everything(tmp_path):
     assert "stopped" in srv.log().splitlines()[-1]
 
 
-def test_app_builder_reads_serve_config_args():
+def test_app_builder_reads_serve_config_args(monkeypatch):
     from ray.serve import Application
 
     from raypd.cluster.serve.config import ServeConfig, ServeConfigError
     from raypd.cluster.serve_app import app_builder
 
-    app = app_builder({"prefill_nodes": "2", "decode_nodes": "2", "policy": "cost", "api_key": "k"})
+    monkeypatch.setenv("RAYPD_API_KEY", "k")
+    app = app_builder({"prefill_nodes": "2", "decode_nodes": "2", "policy": "cost"})
     assert isinstance(app, Application)
+    # The key never comes from the args: a Serve config file's args show in the Ray dashboard.
+    with pytest.raises(ServeConfigError, match="RAYPD_API_KEY"):
+        app_builder({"prefill_nodes": "2", "decode_nodes": "2", "api_key": "k"})
     cfg = ServeConfig.from_args({"mixed_nodes": 2})
     assert cfg.cluster_spec().roles() == ["mixed", "mixed"]
     with pytest.raises(ServeConfigError, match="unknown raypd app args: prefil_nodes"):
