@@ -39,8 +39,8 @@ class RunningStage:
         when the aux record is missing or does not describe this prompt, or the engine refuses."""
         rec, n = dr.record, len(dr.req.prompt_token_ids)
         try:
-            if rec is None or rec.num_prompt_tokens != n:
-                raise InvalidRequestError(f"KV arrived without a valid aux record: {rec}", "prompt")
+            if rec is None or rec.num_prompt_tokens != n or rec.room != dr.room:
+                raise InvalidRequestError(f"KV arrived without a valid aux record for room {dr.room}: {rec}", "prompt")
             out = self._engine.add_prefilled(dr.request_id, dr.req.prompt_token_ids, rec.first_token,
                                              dr.req.params, dr.request_id, rec.num_cached_tokens)
         except InvalidRequestError:

@@ -1,8 +1,10 @@
 """The aux record a prefill node writes beside a request's KV, and the pool of slots holding them.
 
 One slot per room in flight: int64[AUX_WIDTH] = (first sampled token, prompt tokens the prefill node
-served from its cache, prompt length, a magic number). The magic and the length let the decode side
-tell a landed record from a stale slot.
+served from its cache, prompt length, the room, a magic number). The magic tells a written record
+from a zeroed slot; the room and the length tell this request's record from another's: a late write
+into a slot the decode side has since handed to another room must never give that request another
+request's first token (and, with it, KV it must not trust).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-AUX_WIDTH = 4
+AUX_WIDTH = 5
 AUX_MAGIC = 0x7261797064  # "raypd"
 
 
@@ -19,6 +21,7 @@ class AuxRecord:
     first_token: int
     num_cached_tokens: int
     num_prompt_tokens: int
+    room: int = 0          # the room the record was written for (rooms are 63-bit: an int64 holds one)
 
 
 class AuxSlots:
@@ -38,10 +41,11 @@ class AuxSlots:
         return len(self._free)
 
     def write(self, slot: int, rec: AuxRecord) -> None:
-        self.buffer[slot] = torch.tensor([rec.first_token, rec.num_cached_tokens, rec.num_prompt_tokens, AUX_MAGIC])
+        self.buffer[slot] = torch.tensor([rec.first_token, rec.num_cached_tokens, rec.num_prompt_tokens, rec.room,
+                                          AUX_MAGIC])
 
     def read(self, slot: int) -> AuxRecord | None:
-        first, cached, n, magic = self.buffer[slot].tolist()
+        first, cached, n, room, magic = self.buffer[slot].tolist()
         if magic != AUX_MAGIC:
             return None
-        return AuxRecord(first, cached, n)
+        return AuxRecord(first, cached, n, room)

@@ -45,7 +45,7 @@ class InflightStage:
         pr.phase = PrefillPhase.INFLIGHT
         self._requests[pr.request_id] = pr
         blocks = self._engine.prefilled_blocks(pr.request_id)
-        self._aux.write(pr.aux_slot, AuxRecord(pr.first_token, pr.num_cached_tokens, len(pr.req.prompt_token_ids)))
+        self._aux.write(pr.aux_slot, AuxRecord(pr.first_token, pr.num_cached_tokens, len(pr.req.prompt_token_ids), pr.room))
         try:
             self._sender.send(pr.room, blocks, pr.aux_slot)
         except Exception as e:  # noqa: BLE001 - a bad destination fails this request only

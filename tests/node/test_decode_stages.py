@@ -55,10 +55,12 @@ class Side:
         assert self.prealloc.pop_ready() == [dr]
         self.transfer.add(dr)
 
-    def send(self, dr: DecodeRequest, first_token: int = 7, cached: int = 16, n: int | None = None) -> list[int]:
+    def send(self, dr: DecodeRequest, first_token: int = 7, cached: int = 16, n: int | None = None,
+             room: int | None = None) -> list[int]:
         """The prefill stand-in writes the prompt's KV and aux record; its source blocks."""
         src = list(range(len(dr.blocks)))
-        self.peer_aux[1] = torch.tensor([first_token, cached, n or len(dr.req.prompt_token_ids), AUX_MAGIC])
+        self.peer_aux[1] = torch.tensor([first_token, cached, n or len(dr.req.prompt_token_ids),
+                                         dr.room if room is None else room, AUX_MAGIC])
         self.peer.send(dr.room, src, 1)
         return src
 
@@ -127,7 +129,7 @@ def test_a_request_walks_through_the_three_stages(side):
     src = side.send(dr, first_token=7, cached=16)
     wait_until(lambda: side.receiver.poll(dr.room) == S.SUCCESS, "the KV")
     assert side.transfer.pop_ended() == []
-    assert side.transfer.pop_ready() == [dr] and dr.record == AuxRecord(7, 16, 40)
+    assert side.transfer.pop_ready() == [dr] and dr.record == AuxRecord(7, 16, 40, dr.room)
     assert torch.equal(side.engine.kv_cache.pool[dr.blocks], side.peer.backend.pool[src])
     blocks = dr.blocks
     assert dr.aux_slot is None and side.aux.num_free == 2 and side.receiver.stats().rooms == 0
@@ -248,12 +250,15 @@ def test_abort_during_a_held_write_frees_the_blocks_at_once_and_the_late_write_i
     assert_freed(side)
 
 
-def test_a_stale_aux_record_fails_the_request(side):
+@pytest.mark.parametrize("stale", [{"n": 41}, {"room": 12345}], ids=["prompt-length", "room"])
+def test_a_stale_aux_record_fails_the_request(side, stale):
+    """A record for another prompt length, or for another room with the same length (a late write
+    into a reused slot), is not this request's: it fails instead of decoding from it."""
     dr = side.new(40)
     side.peer.add_room(dr.room)
     side.to_transfer(dr)
     wait_until(lambda: side.peer.poll(dr.room) == S.WAITING_FOR_INPUT, "the destination")
-    side.send(dr, n=41)  # the record names another prompt length
+    side.send(dr, **stale)
     wait_until(lambda: side.receiver.poll(dr.room) == S.SUCCESS, "the KV")
     assert side.transfer.pop_ready() == [dr]
     with pytest.raises(InvalidRequestError, match="without a valid aux record"):

@@ -116,7 +116,7 @@ def test_a_request_walks_through_the_three_stages(side):
     # The KV and the aux record are at the peer, in the blocks and slot it named.
     assert side.peer.poll(pr.room) == S.SUCCESS
     assert torch.equal(side.peer.backend.pool[[5, 6, 7]], side.engine.kv_cache.pool[blocks])
-    assert side.peer.backend.aux[1].tolist() == [pr.first_token, 0, 40, AUX_MAGIC]
+    assert side.peer.backend.aux[1].tolist() == [pr.first_token, 0, 40, pr.room, AUX_MAGIC]
     side.peer.release(pr.room)
     assert pr.record is not None and pr.record.t_done is not None
     pr.t["ended"] = time.time()
@@ -302,7 +302,7 @@ def test_early_admission_computes_before_the_destination_and_the_write_waits_arm
     wait_until(lambda: side.sender.poll(first.room) == S.SUCCESS, "the receiver's Done")
     assert side.inflight.pop_ready() == [first] and first.error is None
     assert torch.equal(side.peer.backend.pool[[5, 6, 7]], side.engine.kv_cache.pool[blocks])
-    assert side.peer.backend.aux[1].tolist() == [first.first_token, 0, 40, AUX_MAGIC]
+    assert side.peer.backend.aux[1].tolist() == [first.first_token, 0, 40, first.room, AUX_MAGIC]
     side.peer.release(first.room)
     first.t["ended"] = time.time()
     assert first.timings()["armed_s"] > 0 and "bootstrap_s" in first.timings()  # armed until the destination came
