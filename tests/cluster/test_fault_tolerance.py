@@ -2,7 +2,8 @@
 (2 prefill + 2 decode nodes over NIXL, Conductor routing): the failures are caused for real -
 SIGKILL of a node's or the Conductor's process, an injected engine-thread crash, a node frozen by
 SIGSTOP - and every test asserts what the client saw (outputs equal to a fault-free run of the same
-request) and that every surviving block is accounted for afterwards.
+request) and that every surviving block is accounted for afterwards; a mid-stream kill also shows
+as exactly one replay in the metrics Ray exports.
 
 One server for the module (~60 s to start); each test leaves it with every node live again.
 """
@@ -18,7 +19,8 @@ import time
 import pytest
 import ray
 
-from tests.serve.conftest import ServerProcess, request, wait_nodes_idle
+from tests.serve.conftest import METRICS_ENV, ServerProcess, free_port_below_10002, request, wait_nodes_idle
+from tests.serve.test_metrics import scrape, total
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
@@ -34,8 +36,9 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("fault") / "raypd-serve.log"
     srv = ServerProcess.start(log_path, "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5",
                               "--no-dashboard", "--max-node-restarts", "50", "--num-blocks", "512", "--chaos-hooks",
-                              # Its local Ray without token auth, so this process can join it by address.
-                              env={"RAY_AUTH_MODE": "disabled"})
+                              # Its local Ray without token auth, so this process can join it by address;
+                              # Ray's Prometheus endpoint, to count the ingress's replays.
+                              metrics_port=free_port_below_10002(), env={**METRICS_ENV, "RAY_AUTH_MODE": "disabled"})
     try:
         srv.wait_ready()
         srv.remember_descendants()
@@ -133,6 +136,21 @@ def stream_with_fault(client, fault, after_chunks: int = 4, prompt: str = PROMPT
     return "".join(parts), usage
 
 
+def replays(server) -> float:
+    """Streams the ingress replayed after their decode node failed, as Ray exports the counter."""
+    return total(scrape(server.metrics_port), "ray_raypd_ingress_replays_total", reason="decode_node_failed")
+
+
+def replayed_once_more(server, before: float) -> None:
+    """The counter reaches before + 1 and stays there (the export runs every second)."""
+    deadline = time.monotonic() + 30
+    while replays(server) < before + 1:
+        assert time.monotonic() < deadline, f"no replay counted: {replays(server)} (before: {before})"
+        time.sleep(0.5)
+    time.sleep(2)
+    assert replays(server) == before + 1
+
+
 def sigkill(pid: int) -> None:
     assert pid != os.getpid() and pid > 1
     os.kill(pid, signal.SIGKILL)
@@ -149,6 +167,8 @@ def settle(server) -> None:
 def test_decode_killed_mid_stream_continues_the_same_stream(server, client, sampling):
     reference = chat(client, **sampling)
     before = states(server)
+    time.sleep(2)  # two export intervals: what came before is in the baseline
+    replays_before = replays(server)
     killed = {}
 
     def kill_decode():
@@ -159,6 +179,7 @@ def test_decode_killed_mid_stream_continues_the_same_stream(server, client, samp
     text, usage = stream_with_fault(client, kill_decode, **sampling)
     assert text == reference                 # no gap, no duplicate, no lost token; the same seeded stream
     assert usage.completion_tokens == 48
+    replayed_once_more(server, replays_before)   # it was a replay, not a stream that never broke
     wait_restarted(server, killed["name"], before[killed["name"]][1])   # the pool's replacement is live
     settle(server)
 

@@ -1,7 +1,8 @@
 """GPU placement through real Ray actors on a Ray node that reports one (logical) GPU. This machine
 has no CUDA, so what can be checked is the decision: the default asks Ray for one GPU per node, the
 actor gets Ray's GPU id, and its engine then refuses to run without CUDA instead of quietly using
-the CPU (or GPU 0); `--device cpu` keeps such a node on the CPU. tests/node/test_gpu_assignment.py
+the CPU (or GPU 0); on a machine with CUDA the same node starts on that GPU; `--device cpu` keeps
+such a node on the CPU. tests/node/test_gpu_assignment.py
 covers the id -> device mapping."""
 from __future__ import annotations
 
@@ -29,8 +30,18 @@ def one_gpu_ray():
 
 
 def test_default_asks_for_one_gpu_and_the_engine_wants_the_cuda_device_ray_gave(one_gpu_ray):
-    with pytest.raises(ClusterStartError, match="cuda:0.*CUDA is not available"):
-        NodeCluster.start(dataclasses.replace(SPEC, name_prefix="gpu-default"))
+    import torch
+
+    spec = dataclasses.replace(SPEC, name_prefix="gpu-default")
+    if torch.cuda.is_available():  # a GPU machine: the node runs on the GPU Ray gave it, and holds it
+        cluster = NodeCluster.start(spec)
+        try:
+            assert cluster.spec.gpus_per_node == 1.0 and ray.available_resources().get("GPU", 0) == 0
+        finally:
+            cluster.stop()
+    else:  # no CUDA here: the engine refuses instead of quietly running on the CPU
+        with pytest.raises(ClusterStartError, match="cuda:0.*CUDA is not available"):
+            NodeCluster.start(spec)
     deadline = time.monotonic() + 30
     while ray.available_resources().get("GPU") != 1:  # the failed actor gives its GPU back
         assert time.monotonic() < deadline, ray.available_resources()
