@@ -38,6 +38,7 @@ from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_serve
 from raypd.kvtransfer.descriptors import coalesce_runs
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.socket_liveness import keep_alive, routes_to_the_newest
 
 log = logging.getLogger(__name__)
 _VERSION = 2
@@ -82,6 +83,7 @@ class TcpBackend(TransferBackend):
         self._router = as_server(self._ctx.socket(zmq.ROUTER), config.secret)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        routes_to_the_newest(self._router)  # a writer restarted under its name is heard at once
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, config.tcp_chunk_bytes + (1 << 20))
         port = self._router.bind_to_random_port(f"tcp://{config.host}")
@@ -120,6 +122,7 @@ class TcpBackend(TransferBackend):
         sock.setsockopt(zmq.SNDHWM, 0)  # a write queues all its pieces at once; never block the loop
         sock.setsockopt(zmq.MAXMSGSIZE, _MAX_ACK_BYTES)
         sock.setsockopt(zmq.ROUTING_ID, self.endpoint_name.encode())
+        keep_alive(sock)
         sock.connect(d["address"])
         self._peers[info.name] = _Peer(info, sock)
         return info

@@ -14,6 +14,7 @@ import zmq
 from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client
 from raypd.kvtransfer.errors import SchemaError
+from raypd.kvtransfer.socket_liveness import keep_alive
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class BootstrapLink:
         self.socket = as_client(ctx.socket(zmq.DEALER), secret)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTING_ID, identity.encode())
+        keep_alive(self.socket)
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.socket.connect(address)
         self.registered = False

@@ -14,6 +14,7 @@ import zmq
 from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, HandshakeWatch, as_server
 from raypd.kvtransfer.errors import SchemaError
+from raypd.kvtransfer.socket_liveness import routes_to_the_newest
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ class BootstrapServer:
         self.socket = as_server(ctx.socket(zmq.ROUTER), secret)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises, not blocks
+        routes_to_the_newest(self.socket)  # a receiver restarted under its name is heard at once
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         if port:
             self.socket.bind(f"tcp://{host}:{port}")
