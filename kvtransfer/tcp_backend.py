@@ -33,12 +33,12 @@ import torch
 import zmq
 
 from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, WriteWindow, XferId
+from raypd.kvtransfer.bootstrap.socket_liveness import keep_alive, routes_to_the_newest
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_server, log_refusal, unguard
 from raypd.kvtransfer.descriptors import coalesce_runs
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
-from raypd.kvtransfer.socket_liveness import keep_alive, routes_to_the_newest
 
 log = logging.getLogger(__name__)
 _VERSION = 2

@@ -12,9 +12,9 @@ import logging
 import zmq
 
 from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.bootstrap.socket_liveness import keep_alive
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client
 from raypd.kvtransfer.errors import SchemaError
-from raypd.kvtransfer.socket_liveness import keep_alive
 
 log = logging.getLogger(__name__)
 

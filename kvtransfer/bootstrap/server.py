@@ -12,9 +12,9 @@ import logging
 import zmq
 
 from raypd.kvtransfer.bootstrap import schema
+from raypd.kvtransfer.bootstrap.socket_liveness import routes_to_the_newest
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, HandshakeWatch, as_server
 from raypd.kvtransfer.errors import SchemaError
-from raypd.kvtransfer.socket_liveness import routes_to_the_newest
 
 log = logging.getLogger(__name__)
 
