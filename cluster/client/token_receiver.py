@@ -77,6 +77,11 @@ class TokenStream:
     def deliver(self, chunk: TokenChunk) -> None:
         self._queue.put_nowait(chunk)
 
+    @property
+    def queued(self) -> int:
+        """Items delivered that relay() has not taken yet."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         if self._streams.get(self.request_id) is self:
             del self._streams[self.request_id]

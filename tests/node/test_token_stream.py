@@ -135,14 +135,19 @@ def test_the_prefill_nodes_early_first_token_is_yielded_once_whichever_copy_come
             end = loop.create_future()
             end.set_result(StreamEnd(chunk(rid, *final_tokens, finished=True), num_tokens))
             relay = asyncio.ensure_future(relay_all(stream, end))
-            for who in order:   # each flushed and delivered before the next
+            for who in order:   # each delivered and taken by the relay before the next is sent
+                before = rx.num_messages
                 if who == "early":
                     prefill.post(rx.address, chunk(rid, *early, early=True))
                     prefill.flush()
                 else:
                     decode.push(chunk(rid, *who) if who != "final" else chunk(rid, *final_tokens, finished=True))
                     decode.flush()
-                await asyncio.sleep(0.05)
+                deadline = time.monotonic() + 10
+                while rx.num_messages == before or stream.queued:
+                    assert time.monotonic() < deadline, f"{rid}: {who} was not delivered"
+                    await asyncio.sleep(0.001)
+                await asyncio.sleep(0)  # the relay handles what it took before it waits again
             chunks = await asyncio.wait_for(relay, 5)
             stream.close()
             return chunks
@@ -150,9 +155,10 @@ def test_the_prefill_nodes_early_first_token_is_yielded_once_whichever_copy_come
             # The usual order: the early copy first; the decode node's copy of token 7 is dropped.
             got = await run("e1", ["early", (7,), (8,), "final"])
             assert [c.token_ids for c in got] == [(7,), (8,), (9,)] and got[-1].finished and not got[-1].error
+            assert got[0].early      # the copy the caller got is the prefill node's
             # The decode node's tokens first: the early copy is dropped.
             got = await run("e2", [(7, 8), "early", "final"])
-            assert [t for c in got for t in c.token_ids] == [7, 8, 9] and not any(c.early for c in got)
+            assert [c.token_ids for c in got] == [(7, 8), (9,)] and not any(c.early for c in got)
             # The early copy, then the decode node's first token together with the rest, in its final chunk.
             got = await run("e3", ["early", "final"], final_tokens=(7, 8), num_tokens=2)
             assert [c.token_ids for c in got] == [(7,), (8,)] and got[-1].finished and not got[-1].error
