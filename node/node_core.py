@@ -48,6 +48,10 @@ RESTART_AFTER_CRASH_S = 0.5  # lets the error chunks and failed replies leave be
 # The engine thread republishes its load this often while it turns (an idle loop turns every 50 ms):
 # what probes and heartbeats read without waiting for the engine thread (published_load()).
 PUBLISH_EVERY_S = 0.1
+# KV events wait here until the Conductor link drains them (every 0.1 s). Without a Conductor (or
+# while it is away for long) the oldest are dropped past this many: the Conductor sees the sequence
+# gap and re-reads the node's cache from a snapshot, so a bounded buffer loses nothing it needs.
+KV_EVENT_BUFFER = 65536
 
 
 class NodeCore:
@@ -63,7 +67,7 @@ class NodeCore:
         # with them (`raypd serve --chaos-hooks`, the chaos benchmark): in production a caller that
         # reaches a node's actor handle must not be able to crash it or fail its requests.
         self.chaos_hooks = chaos_hooks
-        self._kv_events: deque[KVEvent] = deque()
+        self._kv_events: deque[KVEvent] = deque(maxlen=KV_EVENT_BUFFER)
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
         # Every token, bootstrap and KV connection proves it holds this (kvtransfer/data_plane_auth.py);
         # without one the node talks only to its own process (one-process tests).
