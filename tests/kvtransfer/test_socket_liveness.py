@@ -16,19 +16,11 @@ SECRET = DataPlaneSecret.generate()
 WAIT_S = 10.0
 
 
-def received(server: BootstrapServer) -> list[tuple[bytes, schema.Message]]:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if got := server.receive():
-            return got
-        time.sleep(0.01)
-    return []
-
-
-def replies(link: BootstrapLink, wait_s: float) -> list[schema.Message]:
+def first(read, wait_s: float = WAIT_S) -> list:
+    """What read() returns first that is not empty, within wait_s (else [])."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if got := link.receive():
+        if got := read():
             return got
         time.sleep(0.01)
     return []
@@ -41,14 +33,14 @@ def test_a_node_restarted_under_its_name_takes_its_route_over():
     new = None
     try:
         assert old.send(schema.Ping(1))
-        assert received(server) == [(b"raypd-decode-0", schema.Ping(1))]
+        assert first(server.receive) == [(b"raypd-decode-0", schema.Ping(1))]
         # The node restarts (a new process, the same name); the old connection is never closed.
         new = BootstrapLink(ctx, server.address, "raypd-decode-0", 1 << 20, time.monotonic(), SECRET)
         assert new.send(schema.Ping(2))
-        assert received(server) == [(b"raypd-decode-0", schema.Ping(2))]   # heard, not ignored
+        assert first(server.receive) == [(b"raypd-decode-0", schema.Ping(2))]   # heard, not ignored
         assert server.send(b"raypd-decode-0", schema.Pong(2, "raypd-prefill-0", False))
-        assert replies(new, WAIT_S) == [schema.Pong(2, "raypd-prefill-0", False)]
-        assert replies(old, 0.5) == []                                      # the name is the new one's
+        assert first(new.receive) == [schema.Pong(2, "raypd-prefill-0", False)]
+        assert first(old.receive, 0.5) == []                                      # the name is the new one's
     finally:
         for link in (old, new):
             if link is not None:
