@@ -14,9 +14,12 @@ Every raypd node gets `cpus` CPUs (its torch threads); llama-server gets `-t` = 
 
 A system runs as a subprocess in its own session (process group). Lifecycle:
     start -> wait until GET /v1/models answers (the log shows why if it exits first)
-          -> (measure) -> stop: SIGTERM to the group, wait, SIGKILL to the group and to every
-          descendant seen while it ran (Ray's workers leave the group's tree), then check by pid
-          that none is left.
+          -> (measure) -> stop: SIGTERM to the system's own process, wait, SIGKILL to the group and
+          to every descendant seen while it ran (Ray's workers leave the group's tree), then check
+          by pid that none is left.
+SIGTERM goes to the leader only: `raypd serve` stops Serve and then the Ray daemons it started. A
+SIGTERM to the whole group killed Ray's GCS and raylet first, and Serve's shutdown then waited out
+its 30 s for a controller that could no longer reach them.
 """
 from __future__ import annotations
 
@@ -133,7 +136,10 @@ class Launched:
     def stop(self, grace_s: float = 60.0) -> list[int]:
         """Stop everything it started; return the pids still alive afterwards (empty when clean)."""
         self.remember()
-        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.send_signal(signal.SIGTERM)  # the leader only: it stops what it started, in order
+        except ProcessLookupError:
+            pass
         try:
             self.proc.wait(grace_s)
         except subprocess.TimeoutExpired:

@@ -77,3 +77,35 @@ def test_a_picked_port_is_outside_the_ranges_others_are_handed():
         port = free_port()
         assert port not in ephemeral_ports() and port not in RAY_WORKER_PORTS
     assert 8100 <= free_port(8100, 10001) <= 10001
+
+
+# On SIGTERM, writes whether its child (a daemon it started, as raypd serve starts Ray's GCS) is still
+# alive, stops the child itself and exits.
+ORDERLY_SYSTEM = textwrap.dedent("""
+    import http.server, json, signal, subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    def on_term(signum, frame):
+        open(sys.argv[2], "w").write("alive" if child.poll() is None else "gone")
+        child.kill(); child.wait(); sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def test_stop_lets_the_system_stop_its_own_daemons_first(tmp_path):
+    """SIGTERM reaches the system's own process before anything in its group: `raypd serve` must find
+    Ray's GCS and raylet alive to shut Serve down (with them gone it waited 30 s)."""
+    port, said = free_port(), tmp_path / "child-at-sigterm"
+    sysm = Launched.start("orderly", [sys.executable, "-c", ORDERLY_SYSTEM, str(port), str(said)], port,
+                          tmp_path / "orderly.log")
+    try:
+        sysm.wait_ready(60)
+    finally:
+        left = sysm.stop(grace_s=30)
+    assert said.read_text() == "alive" and left == []
+    assert sysm.proc.returncode == 0
