@@ -2,8 +2,12 @@
 accounting check that runs after every test on every engine the test created."""
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import sys
 import weakref
+from collections.abc import Callable
 from collections import OrderedDict
 
 import pytest
@@ -80,10 +84,24 @@ def hf_greedy(prompt_ids: list[list[int]], dtype_name: str) -> list[list[int]]:
     return out
 
 
+def once_per_run(tmp_path_factory, name: str, compute: Callable[[], list]) -> list:
+    """compute() once for the whole run: under pytest-xdist the first worker to ask computes it while
+    the others wait on a lock and then read its JSON from the run's shared temporary folder."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return compute()
+    shared = tmp_path_factory.getbasetemp().parent  # the workers' folders are popen-gw0, popen-gw1, ...
+    result = shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            result.write_text(json.dumps(compute()))
+        return json.loads(result.read_text())
+
+
 @pytest.fixture(scope="session")
-def hf_reference(prompt_ids) -> list[list[int]]:
-    """The float32 reference every parity test compares against."""
-    return hf_greedy(prompt_ids, "float32")
+def hf_reference(prompt_ids, tmp_path_factory) -> list[list[int]]:
+    """The float32 reference every parity test compares against (transformers takes ~40 s here)."""
+    return once_per_run(tmp_path_factory, "hf-reference-float32", lambda: hf_greedy(prompt_ids, "float32"))
 
 
 @pytest.fixture(autouse=True)
@@ -113,16 +131,24 @@ NO_RAY = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_co
           "tests/kvtransfer/test_bench_smoke.py", "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py"}
 
 
+# Files whose servers run the tiny model with a small KV pool (a few hundred MB in all): their group,
+# "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters meet.
+RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
     """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
-    one worker. Every test that starts Ray or a server is in one group, "ray": the other tests fill
-    the other core meanwhile, and two Ray clusters at once would not fit this machine's memory (Ray's
-    OOM killer took a node pool when they shared it). Within the group, module- and package-scoped
-    clusters are shared as without xdist. Each other file is a group of its own."""
+    one worker. Every test that starts Ray or a server on the default model is in one group, "ray":
+    the other tests fill the other core meanwhile, and two such Ray clusters at once would not fit
+    this machine's memory (Ray's OOM killer took a node pool when they shared it). The benchmarks'
+    short runs on the tiny model (RAY_TINY) are small enough to be the exception. Within a group,
+    module- and package-scoped clusters are shared as without xdist. Each other file is a group of
+    its own."""
     for item in items:
         path = item.nodeid.split("::")[0]
-        group = "ray" if item.get_closest_marker("cluster") and path not in NO_RAY else path
+        cluster = item.get_closest_marker("cluster") and path not in NO_RAY
+        group = ("ray-tiny" if path in RAY_TINY else "ray") if cluster else path
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -21,7 +21,7 @@ def test_short_chaos_run_loses_nothing(tmp_path, tiny_model_dir):
     # process that already started Ray clusters of its own cannot do cleanly).
     cmd = [sys.executable, "-m", "raypd", "bench", "chaos", "--duration", "20", "--prefill-nodes", "1",
            "--decode-nodes", "2", "--kill-every", "8", "--targets", "decode,conductor", "--json", str(out),
-           "--log-dir", str(tmp_path / "logs"), "--serve-args", f"--model {tiny_model_dir}"]
+           "--log-dir", str(tmp_path / "logs"), "--serve-args", f"--model {tiny_model_dir} --kv-cache-memory 64"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=900)

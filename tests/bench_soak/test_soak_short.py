@@ -29,7 +29,7 @@ def test_a_short_soak_fails_nothing_and_holds_nothing_after(tmp_path, tiny_model
     # and the default warm-up (a fifth of the run) keep the test's wall time low.
     cmd = [sys.executable, "-m", "raypd", "bench", "soak", "--duration", "20", "--load", "0.8", "--probe-duration",
            "5", "--idle-settle", "6", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
-           "--serve-args", f"--model {tiny_model_dir}"]
+           "--serve-args", f"--model {tiny_model_dir} --kv-cache-memory 64"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=900)

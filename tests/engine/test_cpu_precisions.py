@@ -62,16 +62,20 @@ def test_int8_weights_against_the_float32_reference(make_llm, prompt_ids, hf_ref
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int8-g32"])
-def test_int8_gives_the_same_tokens_in_every_scheduling_mode(make_llm, prompt_ids, quantization):
+def test_int8_gives_the_same_tokens_in_every_scheduling_mode(make_llm, tiny_model_dir, prompt_ids, quantization):
     # Greedy output is a function of the prompt alone: one request at a time (no prefix cache),
     # then small prefill chunks over a warm prefix cache give what all prompts together gave. With
     # int8 weights a row's projection is computed the same way whatever its batch (exact integer
-    # sums; int8-g32 adds its groups in one fixed order), so batching cannot move it.
-    together = [o.token_ids for o in make_llm(quantization=quantization).generate(prompt_ids, GREEDY)]
-    alone = make_llm(quantization=quantization, enable_prefix_cache=False)
+    # sums; int8-g32 adds its groups in one fixed order), so batching cannot move it. That holds for
+    # any weights: the tiny random model (tests/tiny_model.py) shows it in a second, the 135 M model
+    # took 30-43 s per format here.
+    together = [o.token_ids for o in make_llm(model=tiny_model_dir, quantization=quantization)
+                .generate(prompt_ids, GREEDY)]
+    assert all(together)
+    alone = make_llm(model=tiny_model_dir, quantization=quantization, enable_prefix_cache=False)
     assert [alone.generate([ids], GREEDY)[0].token_ids for ids in prompt_ids] == together
-    chunked = make_llm(quantization=quantization, chunked_prefill_size=32, max_num_batched_tokens=64,
-                       max_running_requests=4)
+    chunked = make_llm(model=tiny_model_dir, quantization=quantization, chunked_prefill_size=32,
+                       max_num_batched_tokens=64, max_running_requests=4)
     chunked.generate(prompt_ids, GREEDY)
     again = chunked.generate(prompt_ids, GREEDY)
     assert [o.token_ids for o in again] == together
