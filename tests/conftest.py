@@ -7,8 +7,8 @@ import json
 import os
 import sys
 import weakref
-from collections.abc import Callable
 from collections import OrderedDict
+from collections.abc import Callable
 
 import pytest
 
