@@ -131,9 +131,11 @@ NO_RAY = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_co
           "tests/kvtransfer/test_bench_smoke.py", "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py"}
 
 
-# Files whose servers run the tiny model with a small KV pool (a few hundred MB in all): their group,
-# "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters meet.
-RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py"}
+# Files whose Ray clusters run the tiny model with small KV pools (a few hundred MB in all): their
+# group, "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters
+# meet. The lab's clusters live in network namespaces of their own.
+RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py",
+            "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
