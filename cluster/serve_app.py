@@ -18,6 +18,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 
 from raypd.cluster.launch.gpu_budget import cluster_gpus
+from raypd.cluster.launch.placement import control_plane_selector
 from raypd.cluster.openai.api_errors import RETRY_AFTER_S
 from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 from raypd.cluster.serve.ingress import OpenAIIngress
@@ -30,14 +31,16 @@ SERVE_HEADROOM = 64
 
 def build_serve_app(config: ServeConfig) -> Application:
     # @serve.deployment turns the classes into Deployments; type checkers still see the classes.
-    pool = NodePool.bind(config)  # type: ignore[attr-defined]
+    # With place_by_role the control plane stays off the node machines (cluster/launch/placement.py).
+    where = {"label_selector": selector} if (selector := control_plane_selector(config.place_by_role)) else {}
+    pool = NodePool.options(ray_actor_options={"num_cpus": 0, **where}).bind(config)  # type: ignore[attr-defined]
     # Serve's limits sit above the gate's (which answers 429 with an OpenAI body), so Serve's own
     # back-pressure only ever meets a flood the gate cannot answer fast enough; then it answers 429
     # with Retry-After too, never its default 503.
     ongoing, queued = config.admission_limits(cluster_gpus())
     serve_limit = ongoing + queued + SERVE_HEADROOM
     ingress = OpenAIIngress.options(  # type: ignore[attr-defined]
-        num_replicas=config.ingress_replicas, ray_actor_options={"num_cpus": config.ingress_cpus},
+        num_replicas=config.ingress_replicas, ray_actor_options={"num_cpus": config.ingress_cpus, **where},
         max_ongoing_requests=serve_limit, max_queued_requests=serve_limit,
         backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S))
     return ingress.bind(config, pool)

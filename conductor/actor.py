@@ -297,8 +297,9 @@ def topology_from_ray() -> Topology:
 
 def start_conductor(name: str = DEFAULT_NAME, *, namespace: str | None = None, detached: bool = False,
                     config: ConductorConfig | None = None, topology: Topology | None = None,
-                    topology_yaml: str | None = None):
-    """Create the named Conductor actor, or return the running one of that name."""
+                    topology_yaml: str | None = None, label_selector: dict[str, str] | None = None):
+    """Create the named Conductor actor, or return the running one of that name; `label_selector`:
+    the Ray nodes it may run on (cluster/launch/placement.py)."""
     import ray
 
     # Restarted by Ray whenever it dies: it holds only what the nodes can tell it again (they
@@ -310,4 +311,6 @@ def start_conductor(name: str = DEFAULT_NAME, *, namespace: str | None = None, d
         opts["namespace"] = namespace
     if detached:
         opts["lifetime"] = "detached"
+    if label_selector:
+        opts["label_selector"] = label_selector
     return ray.remote(Conductor).options(**opts).remote(config, topology, topology_yaml)

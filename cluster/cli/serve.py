@@ -191,12 +191,19 @@ class Server:
         self.nodes: list[NodeHandle] = []  # to kill any node actor the app's shutdown left behind
 
     def start(self) -> None:
+        import ray
         from ray import serve
 
         from raypd.cluster.serve_app import build_serve_app
 
         ctx = self._init_ray()
         _handle_signals()  # ray.init installs its own SIGTERM handler, which would skip our clean-up
+        if self.config.place_by_role:
+            from raypd.cluster.launch.placement import NoControlPlaneMachine, check_control_plane_machine
+            try:
+                check_control_plane_machine(ray.nodes())
+            except NoControlPlaneMachine as e:
+                raise ServeStartError(str(e)) from None
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(http_options={"host": self.args.host, "port": self.args.port})
         nodes = self.config.prefill_nodes + self.config.decode_nodes + self.config.mixed_nodes

@@ -17,6 +17,13 @@ import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, gpus_per_node
+from raypd.cluster.launch.placement import (
+    ROLE_LABEL,
+    NoControlPlaneMachine,
+    check_control_plane_machine,
+    control_plane_selector,
+    placement_label,
+)
 from raypd.cluster.launch.ray_init import init_ray, reason
 from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import TPOT_TARGET_SHARE, ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
@@ -27,8 +34,6 @@ from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
-# The Ray node label that says which raypd role a machine is for (cluster.yaml and the Helm chart set it).
-ROLE_LABEL = "raypd.io/role"
 
 NODE_CLASSES = {Role.PREFILL: ("raypd.prefill_node.prefill_node", "PrefillNode"),
                 Role.DECODE: ("raypd.decode_node.decode_node", "DecodeNode"),
@@ -228,10 +233,16 @@ def conductor_config(spec: ClusterSpec, policy: str) -> ConductorConfig:
 
 
 def _start_conductor(spec: ClusterSpec, policy: str):
+    if spec.place_by_role:
+        try:
+            check_control_plane_machine(ray.nodes())
+        except NoControlPlaneMachine as e:
+            raise ClusterStartError(str(e)) from None
     config = conductor_config(spec, policy)
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
-    conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology)
+    conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology,
+                                label_selector=control_plane_selector(spec.place_by_role))
     try:  # answered once constructed: nodes register with a Conductor that is there
         ray.get(conductor.status.remote(), timeout=spec.start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:
@@ -239,13 +250,6 @@ def _start_conductor(spec: ClusterSpec, policy: str):
     except ray.exceptions.RayActorError as e:
         raise ClusterStartError(f"the Conductor failed to start: {reason(getattr(e, 'cause', None) or e)}") from e
     return conductor
-
-
-def placement_label(role: Role) -> str:
-    """The raypd.io/role values a node of this role may run on (a Ray label selector value). A flex
-    node changes duty at run time, so any machine meant for prefill or decode will do, or one
-    labelled flex: a chart or cluster.yaml written for PD serves --adaptive unchanged."""
-    return "in(prefill,decode,flex)" if role is Role.FLEX else role.value
 
 
 def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict,
