@@ -135,7 +135,8 @@ NO_RAY = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_co
 # group, "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters
 # meet. The lab's clusters live in network namespaces of their own.
 RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py",
-            "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py"}
+            "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py",
+            "tests/lab/test_partition.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group

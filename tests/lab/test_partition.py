@@ -1,0 +1,159 @@
+"""A decode host cut off under load (issue 32, must-hold 3, the partition): `raypd serve
+--place-by-role` on a lab of a head host, a prefill host and two decode hosts; six concurrent greedy
+streams; then one decode host's link goes down for 20 s. Every stream completes with the text of a
+fault-free run (those on the cut host are replayed on the other decode node once the pool's probe
+of the cut node times out), a request sent during the partition succeeds, and after the link is back
+every node is live again and nothing is held.
+
+The tiny random model (tests/tiny_model.py); long outputs keep the streams running when the link goes
+down."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
+from raypd.benchmarks.lab.ray_hosts import start_ray
+from tests.lab.test_serve_across_hosts import NETWORK_ONLY, READY, wait_for
+
+pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
+              pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
+
+PORT = 8000
+STREAMS = 6
+MAX_TOKENS = 600
+PARTITION_S = 20.0
+# On the head host: the fault-free run of the streams, then the same streams again; once each has
+# 4 chunks it writes `started` and waits for `cut` (the test cut a decode host's link) to send one
+# more request during the partition. Prints the texts and the late answer as JSON.
+CLIENT = textwrap.dedent("""
+    import json, os, sys, threading, time
+    from openai import OpenAI
+    base, folder, streams, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=180)
+    model = client.models.list().data[0].id
+    def stream(i, started=None):
+        parts = []
+        for c in client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": f"Story number {i}, please."}],
+                max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True}):
+            if c.choices and c.choices[0].delta.content:
+                parts.append(c.choices[0].delta.content)
+                if started is not None and len(parts) == 4:
+                    started.set()
+        return "".join(parts)
+    finished = [None] * streams
+    def together(started=None):
+        out = [None] * streams
+        def run(i):
+            try:
+                out[i] = stream(i, started[i] if started else None)
+            except Exception as e:
+                out[i] = repr(e)
+                if started:
+                    started[i].set()
+            finished[i] = time.monotonic()
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+        [t.start() for t in ts]
+        return ts, out
+    ts, reference = together()
+    [t.join(300) for t in ts]
+    started = [threading.Event() for _ in range(streams)]
+    ts, faulted = together(started)
+    [e.wait(120) for e in started]
+    open(os.path.join(folder, "started"), "w").close()
+    while not os.path.exists(os.path.join(folder, "cut")):
+        time.sleep(0.02)
+    t0 = cut_seen = time.monotonic()
+    try:
+        late = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Late one."}],
+                                              max_tokens=8, temperature=0).choices[0].message.content
+    except Exception as e:
+        late = repr(e)
+    late_s = time.monotonic() - t0
+    [t.join(300) for t in ts]
+    print(json.dumps({"reference": reference, "faulted": faulted, "late": late, "late_s": late_s,
+                      "finished_after_cut_s": [round(f - cut_seen, 2) for f in finished]}))
+""")
+
+
+def test_a_decode_host_cut_off_under_load_loses_no_stream(tiny_model_dir, tmp_path):
+    lab = Lab(LabSpec(hosts_per_rack=(2, 2)))
+    with lab:
+        head, prefill_host, *decode_hosts = lab.hosts
+        lab_ray = start_ray(lab, {prefill_host.index: "prefill", **{h.index: "decode" for h in decode_hosts}},
+                            cpus_per_host=2, extra_env=NETWORK_ONLY)
+        log_path = tmp_path / "raypd-serve.log"
+        with open(log_path, "w") as log:
+            server = lab.popen(head, [sys.executable, "-m", "raypd", "serve", "--address", lab_ray.address,
+                                      "--place-by-role", "--prefill-nodes", "1", "--decode-nodes", "2",
+                                      "--cpus-per-node", "1", "--model", tiny_model_dir, "--kv-cache-memory", "64",
+                                      "--host", head.ip, "--port", str(PORT), "--no-dashboard"],
+                               env=lab_ray.driver_env(), stdout=log, stderr=subprocess.STDOUT)
+        wait_for(log_path, server, READY, timeout_s=300)
+        client = lab.popen(head, [sys.executable, "-c", CLIENT, f"http://{head.ip}:{PORT}", str(tmp_path),
+                                  str(STREAMS), str(MAX_TOKENS)], env=lab_ray.driver_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "started").exists():
+            assert client.poll() is None and time.monotonic() < deadline, client.communicate()[1][-3000:]
+            time.sleep(0.02)
+        cut = decode_hosts[1]
+        lab.cut(cut)
+        (tmp_path / "cut").touch()
+        cut_at = time.monotonic()
+        out, err = client.communicate(timeout=400)
+        replayed = replay_lines(lab, head)
+        time.sleep(max(0.0, PARTITION_S - (time.monotonic() - cut_at)))
+        lab.restore(cut)
+        after = every_node_live_and_idle(lab, head, timeout_s=240)
+        server.send_signal(signal.SIGINT)
+        code = server.wait(120)
+    assert client.returncode == 0, err[-3000:]
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert all(isinstance(t, str) and len(t) > 0 for t in seen["reference"]), seen["reference"]
+    assert seen["faulted"] == seen["reference"]          # no stream lost, none changed
+    assert replayed, "no stream was replayed: none ran on the cut host"
+    print(f"replayed after the cut: {len(replayed)}; streams finished {seen['finished_after_cut_s']} s after it; "
+          f"the request sent during the partition took {seen['late_s']:.1f} s")
+    assert not seen["late"].startswith(("APIStatusError", "InternalServerError", "APIConnectionError")), seen
+    assert after["live"] == 3 and after["held"] == 0, after
+    assert code == 0, Path(log_path).read_text()[-3000:]
+
+
+def every_node_live_and_idle(lab, head, timeout_s: float) -> dict:
+    """Polled from the head host: /health/ready's live nodes and /admin/nodes' held total."""
+    probe = textwrap.dedent(f"""
+        import json, urllib.request
+        def get(path):
+            try:
+                return json.loads(urllib.request.urlopen("http://{head.ip}:{PORT}" + path, timeout=10).read())
+            except urllib.error.HTTPError as e:
+                return json.loads(e.read())
+        live = sum(n["state"] == "live" for n in get("/health/ready")["nodes"])
+        held = sum(sum(n.get("held", {{}}).values()) for n in get("/admin/nodes")["nodes"])
+        print(json.dumps({{"live": live, "held": held}}))
+    """)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = lab.run(head, [sys.executable, "-c", probe], timeout_s=60, check=False)
+        try:
+            state = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            state = {"error": done.stderr[-500:]}
+        if state.get("live") == 3 and state.get("held") == 0 or time.monotonic() > deadline:
+            return state
+        time.sleep(1.0)
+
+
+def replay_lines(lab, head) -> list[str]:
+    """The ingress's log lines that say a stream was replayed (its worker's stderr, in the head host's Ray folder)."""
+    logs = [f for f in lab.host_folder(head).glob("session_2*/logs/worker-*.err") if f.is_file()]
+    return [line for f in logs for line in f.read_text(errors="replace").splitlines() if "replaying" in line]
