@@ -136,7 +136,7 @@ NO_RAY = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_co
 # meet. The lab's clusters live in network namespaces of their own.
 RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py",
             "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py",
-            "tests/lab/test_partition.py"}
+            "tests/lab/test_host_faults.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group

@@ -232,6 +232,14 @@ class Lab:
     def restore(self, host: Host) -> None:
         _ip("link", "set", host.link, "up")
 
+    def kill_host(self, host: Host) -> list[int]:
+        """Every process running in the host, SIGKILLed at once: the machine lost (its link stays up,
+        with nothing behind it). Returns the pids."""
+        pids = self.pids_in(host.namespace)
+        for pid in pids:
+            _kill(pid)
+        return pids
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return _run(["ip", *args], check=check)
