@@ -9,6 +9,7 @@ only at its host's address. Stopping is the lab's: close() kills every process i
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -46,18 +47,33 @@ def start_ray(lab: Lab, roles: Mapping[int, str], cpus_per_host: float = 1.0,
     env = {**lab_env(), **(extra_env or {})}
     head = lab.hosts[0]
     address = f"{head.ip}:{GCS_PORT}"
-    for host in lab.hosts:
+
+    def ray_start(host: Host) -> subprocess.Popen:
         labels = f"{ROLE_LABEL}={roles.get(host.index, 'head' if host.index == 0 else 'none')},{TOR_LABEL}=rack{host.rack}"
         where = ["--head", "--port", str(GCS_PORT), "--include-dashboard=false"] if host is head else \
             ["--address", address]
-        done = lab.run(host, [ray_cli, "start", *where, "--node-ip-address", host.ip, "--num-cpus", f"{cpus_per_host:g}",
-                              "--labels", labels, "--temp-dir", str(lab.host_folder(host)),
-                              "--disable-usage-stats"], timeout_s=START_TIMEOUT_S, env=env, check=False)
-        if done.returncode != 0:
-            raise LabError(f"ray start on {host.namespace} failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+        return lab.popen(host, [ray_cli, "start", *where, "--node-ip-address", host.ip, "--num-cpus",
+                                f"{cpus_per_host:g}", "--labels", labels, "--temp-dir", str(lab.host_folder(host)),
+                                "--disable-usage-stats"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+
+    # The head first; then every other host at once (each `ray start` takes seconds).
+    _finish(head, ray_start(head))
+    for host, proc in [(h, ray_start(h)) for h in lab.hosts[1:]]:
+        _finish(host, proc)
     lab_ray = LabRay(address, env)
     wait_for_nodes(lab, lab_ray, len(lab.hosts))
     return lab_ray
+
+
+def _finish(host: Host, proc: subprocess.Popen) -> None:
+    try:
+        _, err = proc.communicate(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise LabError(f"ray start on {host.namespace} did not finish within {START_TIMEOUT_S:.0f} s") from None
+    if proc.returncode != 0:
+        raise LabError(f"ray start on {host.namespace} failed ({proc.returncode}): {err.strip()[-800:]}")
 
 
 def wait_for_nodes(lab: Lab, lab_ray: LabRay, count: int, timeout_s: float = START_TIMEOUT_S) -> None:
