@@ -8,6 +8,7 @@ import asyncio
 import time
 
 from raypd.node.mixed_node import MixedNode
+from raypd.node.node_core import PUBLISH_EVERY_S
 
 HOLD_S = 6.0
 
@@ -21,7 +22,9 @@ def test_published_load_answers_during_a_long_turn_and_says_how_long_it_ran():
             held = asyncio.wrap_future(node.core.loop.call(time.sleep, HOLD_S))  # the engine thread is busy
             await asyncio.sleep(1.5)
             during = await asyncio.wait_for(node.published_load(), HOLD_S / 2)  # never waits for the turn
-            assert during.stalled_s >= 1.5 and not held.done()
+            # The turn began a moment after it was queued, and the report is up to one publish old
+            # (seen: 1.498 s under a full suite); an engine thread that reported no stall says ~0.
+            assert during.stalled_s >= 1.5 - 3 * PUBLISH_EVERY_S and not held.done()
             fresh = asyncio.ensure_future(node.load_report())                # waits for the turn to end
             await asyncio.sleep(0.1)
             assert not fresh.done()
