@@ -205,6 +205,17 @@ class Lab:
         names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
         return [n for n in names if n.startswith(f"{self.prefix}-")]
 
+    def titles(self, host: Host) -> list[str]:
+        """What runs in the host now: each process's title (its argv[0]; Ray's workers set theirs
+        to ray::<Actor>.<method>)."""
+        out = []
+        for pid in self.pids_in(host.namespace):
+            try:
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"))
+            except OSError:  # gone meanwhile
+                pass
+        return out
+
     @staticmethod
     def pids_in(namespace: str) -> list[int]:
         out = _run(["ip", "netns", "pids", namespace], check=False).stdout

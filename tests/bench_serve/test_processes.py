@@ -10,13 +10,9 @@ import pytest
 
 from raypd.benchmarks.serve.systems import Launched, LaunchError, free_port
 
-# Serves GET /v1/models after starting two children: one in the group that ignores SIGTERM, one in a
-# session of its own that SIGTERM to the group cannot reach.
-FAKE_SYSTEM = textwrap.dedent("""
-    import http.server, json, subprocess, sys
-    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-    subprocess.Popen([sys.executable, "-c", ignore])
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+# The tail of each fake system: serve GET /v1/models on port argv[1] until stopped.
+SERVE_MODELS = textwrap.dedent("""
+    import http.server, json, sys
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             body = json.dumps({"data": [{"id": "m"}]}).encode()
@@ -24,6 +20,15 @@ FAKE_SYSTEM = textwrap.dedent("""
             self.wfile.write(body)
     http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """)
+
+# Serves GET /v1/models after starting two children: one in the group that ignores SIGTERM, one in a
+# session of its own that SIGTERM to the group cannot reach.
+FAKE_SYSTEM = textwrap.dedent("""
+    import http.server, json, subprocess, sys
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    subprocess.Popen([sys.executable, "-c", ignore])
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+""") + SERVE_MODELS
 
 
 def test_stop_leaves_no_process(tmp_path):
@@ -88,13 +93,7 @@ ORDERLY_SYSTEM = textwrap.dedent("""
         open(sys.argv[2], "w").write("alive" if child.poll() is None else "gone")
         child.kill(); child.wait(); sys.exit(0)
     signal.signal(signal.SIGTERM, on_term)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"data": [{"id": "m"}]}).encode()
-            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-            self.wfile.write(body)
-    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-""")
+""") + SERVE_MODELS
 
 
 def test_stop_lets_the_system_stop_its_own_daemons_first(tmp_path):

@@ -18,18 +18,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
-from raypd.benchmarks.lab.ray_hosts import start_ray
-from tests.lab.test_serve_across_hosts import NETWORK_ONLY, READY, wait_for
+from tests.lab.served import PORT, serve_on_lab, url
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
 
-PORT = 8000
 STREAMS = 6
 MAX_TOKENS = 600
 PARTITION_S = 20.0
@@ -92,17 +89,8 @@ def test_a_decode_host_lost_under_load_loses_no_stream(tiny_model_dir, tmp_path,
     lab = Lab(LabSpec(hosts_per_rack=(2, 2)))
     with lab:
         head, prefill_host, *decode_hosts = lab.hosts
-        lab_ray = start_ray(lab, {prefill_host.index: "prefill", **{h.index: "decode" for h in decode_hosts}},
-                            cpus_per_host=2, extra_env=NETWORK_ONLY)
-        log_path = tmp_path / "raypd-serve.log"
-        with open(log_path, "w") as log:
-            server = lab.popen(head, [sys.executable, "-m", "raypd", "serve", "--address", lab_ray.address,
-                                      "--place-by-role", "--prefill-nodes", "1", "--decode-nodes", "2",
-                                      "--cpus-per-node", "1", "--model", tiny_model_dir, "--kv-cache-memory", "64",
-                                      "--host", head.ip, "--port", str(PORT), "--no-dashboard"],
-                               env=lab_ray.driver_env(), stdout=log, stderr=subprocess.STDOUT)
-        wait_for(log_path, server, READY, timeout_s=300)
-        client = lab.popen(head, [sys.executable, "-c", CLIENT, f"http://{head.ip}:{PORT}", str(tmp_path),
+        lab_ray, server = serve_on_lab(lab, tiny_model_dir, tmp_path / "raypd-serve.log")
+        client = lab.popen(head, [sys.executable, "-c", CLIENT, url(head), str(tmp_path),
                                   str(STREAMS), str(MAX_TOKENS)], env=lab_ray.driver_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
@@ -133,7 +121,7 @@ def test_a_decode_host_lost_under_load_loses_no_stream(tiny_model_dir, tmp_path,
           f"the request sent meanwhile took {seen['late_s']:.1f} s")
     assert not seen["late"].startswith(("APIStatusError", "InternalServerError", "APIConnectionError")), seen
     assert after["live"] == 3 and after["held"] == 0, after
-    assert code == 0, Path(log_path).read_text()[-3000:]
+    assert code == 0, (tmp_path / "raypd-serve.log").read_text()[-3000:]
 
 
 def every_node_live_and_idle(lab, head, timeout_s: float) -> dict:

@@ -12,12 +12,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
 from raypd.benchmarks.lab.ray_hosts import start_ray
+from tests.lab.served import NETWORK_ONLY
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
@@ -25,8 +25,6 @@ pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
 PROMPTS = ["The lighthouse keeper opened the bottle and read", "Count the ships in the harbour: one, two,",
            " ".join(f"Item {i}: the quick brown fox." for i in range(40))]   # several blocks of KV
 MAX_TOKENS = 16
-# Set where each raylet starts, so every node actor inherits it.
-NETWORK_ONLY = {"UCX_TLS": "tcp,self"}
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +75,7 @@ def watch_node_actors(lab, proc: subprocess.Popen, timeout_s: float) -> dict[str
     while proc.poll() is None:
         assert time.monotonic() < deadline, "raypd generate did not finish"
         for host in lab.hosts:
-            for pid in lab.pids_in(host.namespace):
-                try:
-                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-                except OSError:
-                    continue
+            for title in lab.titles(host):
                 for role, actor in (("prefill", "ray::PrefillNode"), ("decode", "ray::DecodeNode")):
                     if title.startswith(actor):
                         seen[role].add(host.ip)

@@ -11,25 +11,19 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
-from raypd.benchmarks.lab.ray_hosts import start_ray
+from tests.lab.served import actors_by_host, serve_on_lab, url
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
 
-PORT = 8000
 MAX_TOKENS = 12
 PROMPTS = ["Tell me about the lighthouse.", "Which ships came in today?", "Count to five."]
-NETWORK_ONLY = {"UCX_TLS": "tcp,self"}   # no same-machine shortcut between the namespaces
-READY = "ready; Ctrl-C stops everything"
 # The openai client on the head host: greedy chat (plain and streamed) and a completion per prompt,
 # then every node's held blocks from /admin/nodes once all are idle.
 CLIENT = textwrap.dedent("""
@@ -62,11 +56,6 @@ CLIENT = textwrap.dedent("""
     out["nodes"] = sorted(n["name"] for n in nodes)
     print(json.dumps(out))
 """)
-# Actor process titles (Ray's setproctitle) -> what they are.
-TITLES = {"ray::ServeReplica:raypd:OpenAIIngress": "ingress", "ray::ServeReplica:raypd:NodePool": "pool",
-          "ray::Conductor": "conductor", "ray::PrefillNode": "prefill", "ray::DecodeNode": "decode"}
-
-
 @pytest.fixture(scope="module")
 def expected(tiny_model_dir) -> dict[str, list[str]]:
     """The same requests through the engine in this process: the chat template, greedy, ignore_eos."""
@@ -84,18 +73,9 @@ def test_serve_across_hosts_answers_as_one_process_with_the_control_plane_on_the
     lab = Lab(LabSpec(hosts_per_rack=(2, 2)))
     with lab:
         head, prefill_host, *decode_hosts = lab.hosts
-        lab_ray = start_ray(lab, {prefill_host.index: "prefill", **{h.index: "decode" for h in decode_hosts}},
-                            cpus_per_host=2, extra_env=NETWORK_ONLY)
-        log_path = tmp_path / "raypd-serve.log"
-        with open(log_path, "w") as log:
-            server = lab.popen(head, [sys.executable, "-m", "raypd", "serve", "--address", lab_ray.address,
-                                      "--place-by-role", "--prefill-nodes", "1", "--decode-nodes", "2",
-                                      "--cpus-per-node", "1", "--model", tiny_model_dir, "--kv-cache-memory", "64",
-                                      "--host", head.ip, "--port", str(PORT), "--no-dashboard"],
-                               env=lab_ray.driver_env(), stdout=log, stderr=subprocess.STDOUT)
-        wait_for(log_path, server, READY, timeout_s=300)
+        lab_ray, server = serve_on_lab(lab, tiny_model_dir, tmp_path / "raypd-serve.log")
         where = actors_by_host(lab)
-        done = lab.run(head, [sys.executable, "-c", CLIENT, f"http://{head.ip}:{PORT}", json.dumps(PROMPTS),
+        done = lab.run(head, [sys.executable, "-c", CLIENT, url(head), json.dumps(PROMPTS),
                               str(MAX_TOKENS)], env=lab_ray.driver_env(), timeout_s=300, check=False)
         server.send_signal(signal.SIGINT)
         code = server.wait(120)
@@ -105,28 +85,6 @@ def test_serve_across_hosts_answers_as_one_process_with_the_control_plane_on_the
     assert len(seen["nodes"]) == 3 and all(sum(h.values()) == 0 for h in seen["held"].values()), seen["held"]
     assert where == {"ingress": {head.ip}, "pool": {head.ip}, "conductor": {head.ip}, "prefill": {prefill_host.ip},
                      "decode": {h.ip for h in decode_hosts}}, where
-    assert code == 0, Path(log_path).read_text()[-3000:]
+    assert code == 0, (tmp_path / "raypd-serve.log").read_text()[-3000:]
     assert (lab.namespaces(), lab.links(), lab.folder.exists()) == ([], [], False)
 
-
-def wait_for(log_path: Path, proc: subprocess.Popen, line: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while line not in log_path.read_text(errors="replace"):
-        assert proc.poll() is None, f"exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"not ready within {timeout_s:.0f} s:\n{log_path.read_text()[-3000:]}"
-        time.sleep(0.5)
-
-
-def actors_by_host(lab) -> dict[str, set[str]]:
-    """Which host's namespace each raypd actor's process runs in, by the host's address."""
-    where: dict[str, set[str]] = {}
-    for host in lab.hosts:
-        for pid in lab.pids_in(host.namespace):
-            try:
-                title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            except OSError:
-                continue
-            for prefix, what in TITLES.items():
-                if title.startswith(prefix):
-                    where.setdefault(what, set()).add(host.ip)
-    return where

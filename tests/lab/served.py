@@ -1,0 +1,58 @@
+"""`raypd serve --place-by-role` on a lab (a head host, a prefill host, decode hosts), for the lab's
+serve tests: Ray started on every host with UCX restricted to the network, the server on the head
+host, and which host each raypd actor runs on."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raypd.benchmarks.lab.hosts import Host, Lab
+from raypd.benchmarks.lab.ray_hosts import LabRay, start_ray
+
+PORT = 8000
+READY = "ready; Ctrl-C stops everything"
+NETWORK_ONLY = {"UCX_TLS": "tcp,self"}   # no same-machine shortcut (CMA, shared memory) between namespaces
+# Actor process titles (Ray's setproctitle) -> what they are.
+TITLES = {"ray::ServeReplica:raypd:OpenAIIngress": "ingress", "ray::ServeReplica:raypd:NodePool": "pool",
+          "ray::Conductor": "conductor", "ray::PrefillNode": "prefill", "ray::DecodeNode": "decode"}
+
+
+def serve_on_lab(lab: Lab, model: str, log_path: Path) -> tuple[LabRay, subprocess.Popen]:
+    """Ray on every host (host 1 prefill, the rest decode), then `raypd serve` on host 0 with one
+    prefill and len(hosts) - 2 decode nodes of `model`; returns once it is ready."""
+    head, prefill_host, *decode_hosts = lab.hosts
+    lab_ray = start_ray(lab, {prefill_host.index: "prefill", **{h.index: "decode" for h in decode_hosts}},
+                        cpus_per_host=2, extra_env=NETWORK_ONLY)
+    with open(log_path, "w") as log:
+        server = lab.popen(head, [sys.executable, "-m", "raypd", "serve", "--address", lab_ray.address,
+                                  "--place-by-role", "--prefill-nodes", "1", "--decode-nodes", str(len(decode_hosts)),
+                                  "--cpus-per-node", "1", "--model", model, "--kv-cache-memory", "64",
+                                  "--host", head.ip, "--port", str(PORT), "--no-dashboard"],
+                           env=lab_ray.driver_env(), stdout=log, stderr=subprocess.STDOUT)
+    wait_for(log_path, server, READY, timeout_s=300)
+    return lab_ray, server
+
+
+def url(head: Host) -> str:
+    return f"http://{head.ip}:{PORT}"
+
+
+def wait_for(log_path: Path, proc: subprocess.Popen, line: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while line not in log_path.read_text(errors="replace"):
+        assert proc.poll() is None, f"exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not ready within {timeout_s:.0f} s:\n{log_path.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def actors_by_host(lab: Lab) -> dict[str, set[str]]:
+    """Which host each raypd actor's process runs in now, by the host's address."""
+    where: dict[str, set[str]] = {}
+    for host in lab.hosts:
+        for title in lab.titles(host):
+            for prefix, what in TITLES.items():
+                if title.startswith(prefix):
+                    where.setdefault(what, set()).add(host.ip)
+    return where
