@@ -169,8 +169,7 @@ class Lab:
             if proc.poll() is None:
                 _kill(proc.pid)
         for ns in self.namespaces():
-            for pid in self.pids_in(ns):
-                _kill(pid)
+            _kill_all(self.pids_in(ns))
         for ns in self.namespaces():
             deadline = time.monotonic() + 10
             while self.pids_in(ns) and time.monotonic() < deadline:
@@ -246,10 +245,7 @@ class Lab:
     def kill_host(self, host: Host) -> list[int]:
         """Every process running in the host, SIGKILLed at once: the machine lost (its link stays up,
         with nothing behind it). Returns the pids."""
-        pids = self.pids_in(host.namespace)
-        for pid in pids:
-            _kill(pid)
-        return pids
+        return _kill_all(self.pids_in(host.namespace))
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -265,6 +261,12 @@ def _run(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S, env: dict[st
     if check and done.returncode != 0:
         raise LabError(f"`{' '.join(argv)}` exited with {done.returncode}: {done.stderr.strip()[-500:]}")
     return done
+
+
+def _kill_all(pids: list[int]) -> list[int]:
+    for pid in pids:
+        _kill(pid)
+    return pids
 
 
 def _kill(pid: int) -> None:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raypd.benchmarks.lab.hosts import Host, Lab, LabError
+from raypd.cluster.launch.placement import ROLE_LABEL
+from raypd.conductor.topology import TOR_LABEL
 
-ROLE_LABEL = "raypd.io/role"
-TOR_LABEL = "raypd.io/tor"
 GCS_PORT = 6379
 START_TIMEOUT_S = 120.0
 
