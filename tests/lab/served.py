@@ -3,8 +3,10 @@ serve tests: Ray started on every host with UCX restricted to the network, the s
 host, and which host each raypd actor runs on."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -56,3 +58,36 @@ def actors_by_host(lab: Lab) -> dict[str, set[str]]:
                 if title.startswith(prefix):
                     where.setdefault(what, set()).add(host.ip)
     return where
+
+
+# From inside the head host (this process cannot reach the lab's addresses): /health/ready and
+# /admin/nodes read by the chaos benchmark's parsers.
+NODE_STATE = textwrap.dedent("""
+    import json, sys, urllib.error, urllib.request
+    from raypd.benchmarks.chaos.health import parse_ready
+    from raypd.benchmarks.chaos.held_blocks import sum_held
+    def get(path):
+        try:
+            with urllib.request.urlopen(sys.argv[1] + path, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    ready = parse_ready(*get("/health/ready"))
+    held = sum_held(get("/admin/nodes")[1])
+    print(json.dumps({"live": sorted(n for n, m in ready.nodes.items() if m.state == "live"),
+                      "held": held.total, "idle": held.idle, "errors": held.errors}))
+""")
+
+
+def wait_live_and_idle(lab: Lab, head: Host, nodes: int, timeout_s: float) -> dict:
+    """Poll until `nodes` nodes are live and every node answers idle (bounded); the last state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = lab.run(head, [sys.executable, "-c", NODE_STATE, url(head)], timeout_s=60, check=False)
+        try:
+            state = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            state = {"error": done.stderr[-500:]}
+        if len(state.get("live", [])) == nodes and state.get("idle") or time.monotonic() > deadline:
+            return state
+        time.sleep(1.0)

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
-from tests.lab.served import PORT, serve_on_lab, url
+from tests.lab.served import serve_on_lab, url, wait_live_and_idle
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
@@ -72,14 +72,15 @@ CLIENT = textwrap.dedent("""
     while not os.path.exists(os.path.join(folder, "cut")):
         time.sleep(0.02)
     t0 = cut_seen = time.monotonic()
+    late_error = None
     try:
-        late = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Late one."}],
-                                              max_tokens=8, temperature=0).choices[0].message.content
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Late one."}],
+                                       max_tokens=8, temperature=0)
     except Exception as e:
-        late = repr(e)
+        late_error = repr(e)
     late_s = time.monotonic() - t0
     [t.join(300) for t in ts]
-    print(json.dumps({"reference": reference, "faulted": faulted, "late": late, "late_s": late_s,
+    print(json.dumps({"reference": reference, "faulted": faulted, "late_error": late_error, "late_s": late_s,
                       "finished_after_cut_s": [round(f - cut_seen, 2) for f in finished]}))
 """)
 
@@ -109,7 +110,7 @@ def test_a_decode_host_lost_under_load_loses_no_stream(tiny_model_dir, tmp_path,
         if fault == "partition":
             time.sleep(max(0.0, PARTITION_S - (time.monotonic() - cut_at)))
             lab.restore(lost)
-        after = every_node_live_and_idle(lab, head, timeout_s=240)
+        after = wait_live_and_idle(lab, head, nodes=3, timeout_s=240)
         server.send_signal(signal.SIGINT)
         code = server.wait(120)
     assert client.returncode == 0, err[-3000:]
@@ -119,34 +120,9 @@ def test_a_decode_host_lost_under_load_loses_no_stream(tiny_model_dir, tmp_path,
     assert replayed, "no stream was replayed: none ran on the lost host"
     print(f"{fault}: {len(replayed)} replayed; streams finished {seen['finished_after_cut_s']} s after it; "
           f"the request sent meanwhile took {seen['late_s']:.1f} s")
-    assert not seen["late"].startswith(("APIStatusError", "InternalServerError", "APIConnectionError")), seen
-    assert after["live"] == 3 and after["held"] == 0, after
+    assert seen["late_error"] is None, seen["late_error"]   # a request sent meanwhile is answered
+    assert len(after["live"]) == 3 and after["idle"] and after["held"] == 0, after
     assert code == 0, (tmp_path / "raypd-serve.log").read_text()[-3000:]
-
-
-def every_node_live_and_idle(lab, head, timeout_s: float) -> dict:
-    """Polled from the head host: /health/ready's live nodes and /admin/nodes' held total."""
-    probe = textwrap.dedent(f"""
-        import json, urllib.request
-        def get(path):
-            try:
-                return json.loads(urllib.request.urlopen("http://{head.ip}:{PORT}" + path, timeout=10).read())
-            except urllib.error.HTTPError as e:
-                return json.loads(e.read())
-        live = sum(n["state"] == "live" for n in get("/health/ready")["nodes"])
-        held = sum(sum(n.get("held", {{}}).values()) for n in get("/admin/nodes")["nodes"])
-        print(json.dumps({{"live": live, "held": held}}))
-    """)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done = lab.run(head, [sys.executable, "-c", probe], timeout_s=60, check=False)
-        try:
-            state = json.loads(done.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            state = {"error": done.stderr[-500:]}
-        if state.get("live") == 3 and state.get("held") == 0 or time.monotonic() > deadline:
-            return state
-        time.sleep(1.0)
 
 
 def replay_lines(lab, head) -> list[str]:

@@ -17,17 +17,16 @@ import textwrap
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
-from tests.lab.served import actors_by_host, serve_on_lab, url
+from tests.lab.served import actors_by_host, serve_on_lab, url, wait_live_and_idle
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
 
 MAX_TOKENS = 12
 PROMPTS = ["Tell me about the lighthouse.", "Which ships came in today?", "Count to five."]
-# The openai client on the head host: greedy chat (plain and streamed) and a completion per prompt,
-# then every node's held blocks from /admin/nodes once all are idle.
+# The openai client on the head host: greedy chat (plain and streamed) and a completion per prompt.
 CLIENT = textwrap.dedent("""
-    import json, sys, time, urllib.request
+    import json, sys
     from openai import OpenAI
     base, prompts, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -45,17 +44,10 @@ CLIENT = textwrap.dedent("""
         r = client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
                                       extra_body={"ignore_eos": True})
         out["completion"].append(r.choices[0].text)
-    deadline = time.monotonic() + 60
-    while True:
-        nodes = json.loads(urllib.request.urlopen(base + "/admin/nodes", timeout=10).read())["nodes"]
-        held = {n["name"]: n.get("held", {}) for n in nodes}
-        if all(sum(h.values()) == 0 for h in held.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    out["held"] = held
-    out["nodes"] = sorted(n["name"] for n in nodes)
     print(json.dumps(out))
 """)
+
+
 @pytest.fixture(scope="module")
 def expected(tiny_model_dir) -> dict[str, list[str]]:
     """The same requests through the engine in this process: the chat template, greedy, ignore_eos."""
@@ -77,12 +69,13 @@ def test_serve_across_hosts_answers_as_one_process_with_the_control_plane_on_the
         where = actors_by_host(lab)
         done = lab.run(head, [sys.executable, "-c", CLIENT, url(head), json.dumps(PROMPTS),
                               str(MAX_TOKENS)], env=lab_ray.driver_env(), timeout_s=300, check=False)
+        after = wait_live_and_idle(lab, head, nodes=3, timeout_s=60)
         server.send_signal(signal.SIGINT)
         code = server.wait(120)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert {k: seen[k] for k in expected} == expected
-    assert len(seen["nodes"]) == 3 and all(sum(h.values()) == 0 for h in seen["held"].values()), seen["held"]
+    assert len(after["live"]) == 3 and after["idle"] and after["held"] == 0, after
     assert where == {"ingress": {head.ip}, "pool": {head.ip}, "conductor": {head.ip}, "prefill": {prefill_host.ip},
                      "decode": {h.ip for h in decode_hosts}}, where
     assert code == 0, (tmp_path / "raypd-serve.log").read_text()[-3000:]
