@@ -2,9 +2,11 @@
 on one machine, in one run.
 
 Every system runs the same seeded no-reuse workload (benchmarks/workloads.py), greedy, every request
-producing exactly max_tokens. transformers runs the engine's float32 weights (its converted Hugging
-Face folder); llama.cpp runs the GGUF they come from (benchmarks/engine_llamacpp.py); raypd runs
-them in --dtype with --quantization.
+producing exactly max_tokens; a level of concurrency C runs max(--num-requests, 2 C) of them.
+transformers runs the same Hugging Face folder as raypd, on raypd's device in raypd's dtype (float32
+on a CPU); llama.cpp runs the GGUF they come from (benchmarks/engine_llamacpp.py); raypd runs them in
+--dtype with --quantization. --model takes a folder, a .gguf, or random:NAME (benchmarks/
+random_models.py: a random-weight checkpoint in a real model's shapes, built in place).
 - raypd: closed loop, C requests in flight; a finished request is replaced by the next one. Each token
   is timestamped when step() returns it; a request's clock starts when it is added.
 - transformers: static batches of C requests, left-padded, model.generate(max_new_tokens = the batch's
@@ -13,6 +15,8 @@ them in --dtype with --quantization.
   tokens, over the summed wall time of the batches.
 - llama.cpp: closed loop over HTTP, C client threads, one llama-server with C slots per level.
 Each raypd measurement uses a fresh engine, so the prefix cache holds nothing from earlier runs.
+On CUDA every step is timed (engine/gpu/step_timer.py): per decode step, its CPU time (wall time less
+the wait for the GPU) and the GPU's busy time (CUDA events), for graph replays and eager steps apart.
 --fp32-agreement also runs raypd in float32 without quantization at the highest concurrency and
 states how far every other system's greedy tokens agree with it (the reference the parity tests
 hold to transformers): the share of tokens before each request's first difference, and the share
@@ -20,6 +24,8 @@ of requests identical throughout.
 
     python benchmarks/engine_throughput.py --concurrency 1,8,32 --json bench-results/engine_throughput.json
     raypd bench engine --systems raypd,llamacpp --quantization int8-g32 --concurrency 1,32 --fp32-agreement
+    raypd bench engine --device cuda --model random:llama-1b --concurrency 1,64,256 \
+        --prompt-len-range 256,256 --max-tokens-range 128,128 --hf-max-batches 2
 """
 from __future__ import annotations
 
@@ -41,10 +47,13 @@ import numpy as np
 import torch
 
 from raypd.benchmarks.engine_llamacpp import LlamaCppPeer
+from raypd.benchmarks.random_models import resolve_bench_model
 from raypd.benchmarks.workloads import BenchRequest, greedy_agreement, no_reuse_workload
 from raypd.engine import LLMEngine, SamplingParams
+from raypd.engine.device import resolve_device, resolve_dtype
+from raypd.engine.gpu.runner import CudaModelRunner
+from raypd.engine.gpu.step_timer import StepTimer
 from raypd.engine.model.quantization import QUANTIZATIONS
-from raypd.engine.model.source import resolve_model
 from raypd.engine.tokenizer import Tokenizer
 
 WARMUP_TEXT = "Warm up: say hello."
@@ -74,12 +83,32 @@ def median_summary(reps: list[dict]) -> dict:
 
 # -- raypd ----------------------------------------------------------------------------------------
 def make_engine(args) -> LLMEngine:
-    return LLMEngine(None, max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill_size=args.chunked_prefill_size,
-                     max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads, dtype=args.dtype,
-                     cpu_kernels=args.cpu_kernels, quantization=args.quantization, device=args.device)
+    # Batch sizes left unset take the device kind's defaults (engine/device.py).
+    batch = {k: getattr(args, k) for k in ("max_num_batched_tokens", "chunked_prefill_size") if getattr(args, k) is not None}
+    eng = LLMEngine(str(args.model_dir), max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads,
+                    dtype=args.dtype, cpu_kernels=args.cpu_kernels, quantization=args.quantization, device=args.device,
+                    attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, **batch)
+    if eng.device.type == "cuda" and isinstance(eng.runner, CudaModelRunner):
+        eng.runner.timer = StepTimer()
+    return eng
 
 
-def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
+def step_times(eng: LLMEngine, walls: list[float]) -> dict[str, Any]:
+    """Per kind of step: count, and median CPU and GPU-busy milliseconds (engine/gpu/step_timer.py)."""
+    timer = getattr(eng.runner, "timer", None)
+    if timer is None or len(timer.steps) != len(walls):
+        return {}
+    out: dict[str, Any] = {}
+    for kind in sorted({t.kind for t in timer.steps}):
+        rows = [(w - t.wait_s, t.gpu_s) for t, w in zip(timer.steps, walls) if t.kind == kind]
+        out[kind] = {"steps": len(rows), "cpu_ms_p50": 1e3 * statistics.median(c for c, _ in rows),
+                     "gpu_ms_p50": 1e3 * statistics.median(g for _, g in rows)}
+    return out
+
+
+def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int,
+              walls: list[float] | None = None) -> tuple[list[dict], float]:
+    """walls: each step's wall time is appended there when given."""
     recs: dict[str, dict[str, Any]] = {r.request_id: {"sent": 0.0, "times": [], "tokens": [], "cached": 0}
                                        for r in work}
     pending = iter(work)
@@ -95,8 +124,11 @@ def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list
     for _ in range(conc):
         submit()
     while eng.has_unfinished():
+        t0 = time.perf_counter()
         outs = eng.step()
         now = time.perf_counter()
+        if walls is not None:
+            walls.append(now - t0)
         for o in outs:
             rec = recs[o.request_id]
             rec["times"] += [now] * len(o.new_token_ids)
@@ -112,6 +144,9 @@ def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int) -> tuple[list
 
 def warm_raypd(eng: LLMEngine) -> None:
     run_raypd(eng, [BenchRequest("warmup", eng.tokenizer.encode(WARMUP_TEXT), 8)], 1)
+    timer = getattr(eng.runner, "timer", None)
+    if timer is not None:
+        timer.steps.clear()
 
 
 def fresh_engine(args) -> LLMEngine:
@@ -130,14 +165,16 @@ def fp32_agreement(args, work: list[BenchRequest], tokens: dict[str, list[list[i
         recs, _ = run_raypd(eng, work, max(args.concurrency))
         del eng
         reference = [r["tokens"] for r in recs]
-    return {name: greedy_agreement(toks, reference) for name, toks in tokens.items()}
+    # A system that ran fewer requests (--hf-max-batches) is compared on the ones it ran.
+    return {name: greedy_agreement(toks, reference[:len(toks)]) for name, toks in tokens.items()}
 
 
 # -- transformers ---------------------------------------------------------------------------------
-def load_hf(model_dir: Path) -> tuple[Any, Any]:
-    """(model, tokenizer) from transformers."""
+def load_hf(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+    """(model, tokenizer) from transformers, on raypd's device in raypd's dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    model = model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok.padding_side, tok.pad_token = "left", tok.eos_token
     # ignore_eos: with no eos id generate never stops early and every row runs max_new_tokens steps.
@@ -147,7 +184,9 @@ def load_hf(model_dir: Path) -> tuple[Any, Any]:
     return model, tok
 
 
-def run_hf(model, tok, work: list[BenchRequest], conc: int) -> tuple[list[dict], float]:
+def run_hf(model, tok, work: list[BenchRequest], conc: int, max_batches: int | None = None) -> tuple[list[dict], float]:
+    """max_batches: run only the first so many batches of conc requests (transformers is slow at C=1
+    on a GPU; its throughput is tokens over the time of the batches it ran)."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class StepClock(StoppingCriteria):  # called once per generated token, right after it is appended
@@ -159,11 +198,11 @@ def run_hf(model, tok, work: list[BenchRequest], conc: int) -> tuple[list[dict],
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     recs, wall = [], 0.0
-    for b in range(0, len(work), conc):
+    for b in range(0, len(work) if max_batches is None else min(len(work), max_batches * conc), conc):
         batch = work[b:b + conc]
         steps = max(r.max_tokens for r in batch)
         t0 = time.perf_counter()
-        enc = tok.pad({"input_ids": [r.prompt_token_ids for r in batch]}, padding=True, return_tensors="pt")
+        enc = tok.pad({"input_ids": [r.prompt_token_ids for r in batch]}, padding=True, return_tensors="pt").to(model.device)
         clock = StepClock()
         with torch.inference_mode():
             out = model.generate(**enc, do_sample=False, max_new_tokens=steps,
@@ -277,18 +316,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompt-len-range", type=int_pair, default=(20, 400))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="raypd only; hf is float32")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                    help="raypd's and transformers' dtype (auto: float32 on a CPU, bfloat16 on CUDA)")
+    ap.add_argument("--model", help="a Hugging Face folder, a .gguf, or random:NAME (benchmarks/random_models.py: "
+                    "llama-1b, qwen3-0.6b); default: the embedded SmolLM2-135M-Instruct")
+    ap.add_argument("--tokenizer", type=Path, help="the tokenizer folder a random:NAME model copies (default: the "
+                    "embedded model's)")
+    ap.add_argument("--attention-backend", choices=["auto", "triton", "torch"], default="auto")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--hf-max-batches", type=int, help="transformers runs at most this many batches per level")
     ap.add_argument("--quantization", choices=list(QUANTIZATIONS), default="none",
                     help="raypd's weight format (EngineConfig.quantization); int8-g32 holds a GGUF's Q4/Q8 groups exactly")
-    ap.add_argument("--device", default="auto", help="raypd's device (auto, cpu, cuda, cuda:N); hf runs on the CPU")
+    ap.add_argument("--device", default="auto", help="raypd's and transformers' device (auto, cpu, cuda, cuda:N)")
     ap.add_argument("--fp32-agreement", action="store_true",
                     help="also run raypd in float32 unquantized and report each system's greedy agreement with it")
     ap.add_argument("--llamacpp-server", type=Path, help="llama-server binary (default: a cached build, else build one)")
     ap.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
                     help="raypd's CPU fast paths; torch measures the plain-torch path")
     ap.add_argument("--repeats", type=int, default=1, help="runs per system and level; the report quotes medians")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--chunked-prefill-size", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, help="default: the device kind's (engine/device.py)")
+    ap.add_argument("--chunked-prefill-size", type=int, help="default: the device kind's")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", type=Path, help="also run raypd once at the highest concurrency under cProfile; "
                     "writes the raw profile to PATH, the summary to stdout and --json")
@@ -297,19 +344,21 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"unknown systems {sorted(unknown)}")
     torch.set_num_threads(args.threads)
 
-    model_dir = resolve_model(None)
-    work = no_reuse_workload(Tokenizer(model_dir).encode, args.num_requests, args.prompt_len_range,
-                             args.max_tokens_range, args.seed)
+    model_dir = args.model_dir = resolve_bench_model(args.model, args.tokenizer)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    work_all = no_reuse_workload(Tokenizer(model_dir).encode, max(args.num_requests, 2 * max(args.concurrency)),
+                                 args.prompt_len_range, args.max_tokens_range, args.seed)
     info = machine_info()
     print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} ({args.threads} threads), "
-          f"transformers {info['transformers']}; {len(work)} requests, prompts {args.prompt_len_range}, "
+          f"transformers {info['transformers']}; max({args.num_requests}, 2 C) requests per level, prompts {args.prompt_len_range}, "
           f"max_tokens {args.max_tokens_range}, seed {args.seed}, raypd dtype {args.dtype} "
           f"quantization {args.quantization} device {args.device}; "
           f"load average {info['loadavg'][0]:.2f} at start")
 
     hf: tuple[Any, Any] | None = None
     if "hf" in args.systems:
-        hf = load_hf(model_dir)
+        hf = load_hf(model_dir, device, dtype)
         run_hf(*hf, [BenchRequest("warmup", hf[1].encode(WARMUP_TEXT), 8)], 1)
     llamacpp = None
     if "llamacpp" in args.systems:
@@ -320,19 +369,23 @@ def main(argv: list[str] | None = None) -> dict:
     reps: dict[str, dict[str, list[dict]]] = {s: {} for s in args.systems}
     match: dict[str, float] = {}
     tokens: dict[str, list[list[int]]] = {}  # each system's greedy tokens at the highest concurrency
+    work = work_all
     for c in args.concurrency:
+        work = work_all[:max(args.num_requests, 2 * c)]
         for rep in range(args.repeats):
             outs = {}
             if "raypd" in args.systems:
                 eng = fresh_engine(args)
-                recs, wall = run_raypd(eng, work, c)
-                del eng
+                walls: list[float] = []
+                recs, wall = run_raypd(eng, work, c, walls)
                 s = summarize(recs, wall)
                 s["cached_prompt_tokens"] = sum(r["cached"] for r in recs)
+                s["step_times"] = step_times(eng, walls)
+                del eng
                 reps["raypd"].setdefault(str(c), []).append(s)
                 outs["raypd"] = recs
             if hf is not None:
-                recs, wall = run_hf(*hf, work, c)
+                recs, wall = run_hf(*hf, work, c, args.hf_max_batches)
                 reps["hf"].setdefault(str(c), []).append(summarize(recs, wall))
                 outs["hf"] = recs
             if llamacpp is not None:
@@ -346,6 +399,9 @@ def main(argv: list[str] | None = None) -> dict:
                 match[str(c)] = sum(same) / len(same)
             print(f"  C={c} run {rep + 1}/{args.repeats}: " + ", ".join(
                 f"{n} {reps[n][str(c)][-1]['output_tok_s']:.1f} tok/s" for n in outs), flush=True)
+            for kind, t in reps["raypd"][str(c)][-1].get("step_times", {}).items() if "raypd" in reps else ():
+                print(f"    raypd {kind} steps: {t['steps']}, CPU {t['cpu_ms_p50']:.2f} ms, GPU busy "
+                      f"{t['gpu_ms_p50']:.2f} ms (medians)", flush=True)
 
     results = {n: {c: median_summary(v) for c, v in per.items()} for n, per in reps.items()}
     for peer in ("hf", "llamacpp"):

@@ -7,7 +7,7 @@ tells us what works. Steps, each with its own timeout, each run whatever the pre
                    GPUs torch sees (name, memory, compute capability, bf16)
     engine         greedy tokens on the device (--dtype auto, then float32) against the engine on
                    the CPU in float32 (the parity reference): share of identical tokens, first tokens
-    bench-engine   `raypd bench engine --systems raypd --device DEVICE` at concurrency 1 and 32
+    bench-engine   `raypd bench engine --systems raypd --device DEVICE [--model MODEL]` at concurrency 1 and 32
     generate-pd    `raypd generate --mode pd`, 1 prefill + 1 decode node sharing the one GPU
                    (--gpus-per-node 0.5), greedy tokens against the engine step's
 
@@ -123,7 +123,8 @@ def run_command(cmd: list[str], log: Path, timeout_s: float) -> str:
 def bench_engine_step(args, workdir: Path) -> dict[str, Any]:
     out_json = workdir / "bench_engine.json"
     run_command([sys.executable, "-m", "raypd", "bench", "engine", "--systems", "raypd", "--device", args.device,
-                 "--concurrency", "1,32", *(QUICK_BENCH if args.quick else ()), "--json", str(out_json)],
+                 "--concurrency", "1,32", *(QUICK_BENCH if args.quick else ()), *(["--model", args.model] if args.model else ()),
+                 "--json", str(out_json)],
                 workdir / "bench_engine.log", args.step_timeout)
     results = json.loads(out_json.read_text())["results"]["raypd"]
     return {f"C={c}": {"output_tok_s": round(s["output_tok_s"], 1), "ttft_p50_ms": round(1e3 * s["ttft_p50_s"], 1),

@@ -47,6 +47,14 @@ class EngineConfig:
     # "int8-g32": a scale and an offset per 32 weights (1.25 bytes each), which reproduces a GGUF's
     # 4-bit and 8-bit groups exactly. Greedy tokens from "int8" drift from the float32 reference.
     quantization: Literal["none", "int8", "int8-g32"] = "none"
+    # Attention and layer kernels (engine/gpu/backend.py): "triton" reads KV blocks in place with the
+    # Triton kernels and fuses the norms, rotary and SwiGLU (CUDA; on a CPU only under Triton's
+    # interpreter, for tests); "torch" the reference path; "auto" is triton on CUDA when Triton
+    # imports, else torch.
+    attention_backend: Literal["auto", "triton", "torch"] = "auto"
+    # CUDA graphs for decode-only steps (engine/gpu/cuda_graphs.py) are captured on CUDA with the
+    # triton backend unless this is set.
+    enforce_eager: bool = False
     seed: int = 0  # draws the sampling seed of each request that brings none
     # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
     # each step, jumps back after a retraction). Lower admits more and risks retraction.
@@ -83,6 +91,8 @@ class EngineConfig:
             raise ConfigError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
         if self.quantization not in ("none", "int8", "int8-g32"):
             raise ConfigError(f"quantization must be none, int8 or int8-g32, got {self.quantization!r}")
+        if self.attention_backend not in ("auto", "triton", "torch"):
+            raise ConfigError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
 

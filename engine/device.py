@@ -8,7 +8,7 @@ one GPU (max_num_batched_tokens 8192, 256 sequences); raypd has not measured the
 
 Precision: float32 on CPU, where token-exact parity with transformers is the reference the tests
 hold; bfloat16 on CUDA (float16 on GPUs without bf16), half the memory and what flash attention
-needs, with TF32 allowed for what stays float32 (norms, logits).
+needs, with TF32 allowed for what stays float32 (norms, logits); float32 asked for on CUDA stays IEEE.
 """
 from __future__ import annotations
 
@@ -71,9 +71,11 @@ def batch_defaults(device: torch.device) -> dict[str, int]:
     return dict(BATCH_DEFAULTS["cuda" if device.type == "cuda" else "cpu"])
 
 
-def configure_math(device: torch.device) -> None:
-    """Allow TF32 for the float32 matmuls that remain on a CUDA device (logits, norms): the same
-    choice vLLM and SGLang make; no effect on CPU."""
+def configure_math(device: torch.device, dtype: torch.dtype) -> None:
+    """Allow TF32 for the float32 matmuls that remain in a 16-bit engine on CUDA (logits, norms): the
+    same choice vLLM and SGLang make. An engine asked for float32 keeps IEEE float32 (its graphs are
+    captured with the matmul kernels chosen now); no effect on CPU."""
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        full = dtype == torch.float32
+        torch.backends.cuda.matmul.allow_tf32 = not full
+        torch.backends.cudnn.allow_tf32 = not full

@@ -1,6 +1,7 @@
 """LLMEngine: the node's step loop (schedule -> run -> update) over one model and one KV pool."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -14,6 +15,9 @@ from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.config import EngineConfig
 from raypd.engine.device import batch_defaults, configure_math, resolve_device, resolve_dtype
 from raypd.engine.errors import ConfigError, InvalidRequestError
+from raypd.engine.gpu.backend import choose_backend
+from raypd.engine.gpu.cuda_graphs import CudaGraphFactory, DecodeGraphs
+from raypd.engine.gpu.runner import CudaModelRunner
 from raypd.engine.kv_memory import (
     DEFAULT_CPU_KV_MB,
     CudaMemory,
@@ -41,6 +45,8 @@ from raypd.protocol.kv_events import KVEventCallback
 from raypd.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+# Decode steps whose longest context is past this run eagerly: the graphs' block tables are this wide.
+GRAPH_MAX_CONTEXT = 8192
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
@@ -63,8 +69,8 @@ class LLMEngine:
         self.config = cfg = EngineConfig(**(batch_defaults(self.device) | options))
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
-        configure_math(self.device)
         self.dtype = dtype = resolve_dtype(cfg.dtype, self.device)
+        configure_math(self.device, dtype)
         if device_memory is None and self.device.type == "cuda":
             device_memory = CudaMemory(self.device)
         by_utilization = cfg.num_blocks is None and cfg.kv_cache_memory_mb is None and device_memory is not None
@@ -77,7 +83,14 @@ class LLMEngine:
         self.model_config = mc = ModelConfig.from_folder(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
         weights = load_weights(mc, self.model_dir, dtype, self.device)
-        self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype))
+        self.backend = choose_backend(cfg.attention_backend, self.device).backend
+        if self.backend == "triton":
+            from raypd.engine.gpu.layer_ops import TritonLayerOps  # imports Triton: only on this path
+            from raypd.engine.gpu.triton_attention import TritonAttention
+            self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype),
+                                    ops=TritonLayerOps(), attention=TritonAttention(mc.head_dim))
+        else:
+            self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype))
         del weights  # the model keeps what it uses (packed copies replace the projections)
         self.sampler = Sampler(self.device, cfg.seed)
         self.requests: dict[str, Request] = {}
@@ -98,6 +111,7 @@ class LLMEngine:
             mb = DEFAULT_CPU_KV_MB if cfg.kv_cache_memory_mb is None else cfg.kv_cache_memory_mb
             self.num_blocks = blocks_for_bytes(mb * 2**20, per_block, f"kv_cache_memory_mb={mb}")
         self._build_pool(self.num_blocks, on_kv_event)
+        self._capture_graphs()
         log.info("engine on %s in %s: %d KV blocks of %d tokens (%.0f MiB)", self.device, str(dtype).removeprefix("torch."),
                  self.num_blocks, cfg.block_size, self.num_blocks * per_block / 2**20)
 
@@ -115,8 +129,32 @@ class LLMEngine:
             max_prefill_tokens_per_step=cfg.max_prefill_tokens_per_step,
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
-        self.decode_kernel = self._decode_kernel(cfg, mc)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device, self.decode_kernel)
+        self.runner: ModelRunner | CudaModelRunner
+        if self.backend == "triton":
+            self.decode_kernel = None
+            self.runner = CudaModelRunner(self.model, self.kv_cache, self.sampler, self.device)
+            if self.device.type == "cuda":  # compiled kernels; the interpreter (tests) has nothing to compile
+                self.runner.warm_up()
+        else:
+            self.decode_kernel = self._decode_kernel(cfg, mc)
+            self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, self.device, self.decode_kernel)
+
+    def _capture_graphs(self) -> int:
+        """Capture the decode graphs on the current pool (engine/gpu/cuda_graphs.py) when this engine
+        uses them; returns the device memory they reserved (0 without graphs)."""
+        cfg = self.config
+        if self.backend != "triton" or self.device.type != "cuda" or cfg.enforce_eager:
+            return 0
+        assert isinstance(self.runner, CudaModelRunner), "graphs run on the CUDA runner"
+        context = min(self.model_config.max_position_embeddings, GRAPH_MAX_CONTEXT)
+        before = torch.cuda.memory_reserved(self.device)
+        with torch.inference_mode():
+            self.runner.graphs = DecodeGraphs(self.runner.decode_forward, cfg.max_running_requests,
+                                              -(-context // cfg.block_size), self.device, CudaGraphFactory(self.device))
+        reserved = torch.cuda.memory_reserved(self.device) - before
+        log.info("CUDA graphs for decode batches of %s sequences (contexts up to %d tokens): %.0f MiB",
+                 self.runner.graphs.sizes, context, reserved / 2**20)
+        return reserved
 
     def _profile_peak_batch(self, memory: DeviceMemory) -> MemoryReading:
         """Run the largest step this engine will take (engine/kv_memory.py, PeakBatch) on a pool just
@@ -136,6 +174,9 @@ class LLMEngine:
         reading = memory.read()
         for rid in list(self.requests):
             self.abort(rid)
+        # The graphs' memory stays reserved beside every later step's activations: count it on top.
+        graphs = self._capture_graphs()
+        reading = dataclasses.replace(reading, peak_allocated=reading.peak_allocated + graphs)
         del self.kv_cache, self.allocator, self.prefix_cache, self.scheduler, self.runner, self.decode_kernel
         return reading
 

@@ -11,19 +11,30 @@ temporary pool, reads the peak it allocated, and gives the KV pool what is left:
 
     kv_bytes = total * F - peak_allocated_in_profile - memory_outside_torch
 
-memory_outside_torch is what the process holds beyond torch's allocator (the CUDA context, NCCL or
-NIXL registrations): reserved-by-the-driver minus reserved-by-torch when the profile ends. Like
-vLLM, start-up fails when the device's free memory is below total * F (another process holds it),
-rather than overcommitting and dying at the first long batch.
+memory_outside_torch is what this process holds beyond torch's allocator (the CUDA context, cuBLAS
+workspaces, NCCL or NIXL registrations). It is read per process: the driver's count of this
+process's memory (NVML) minus what torch reserved. The device's free memory must not be used for
+it: two node actors sharing a GPU start at the same time, and the other one's KV pool, allocated
+between this one's readings, would be counted as this one's (a start-order-dependent failure seen
+on an H200). Only where NVML cannot see this process (no pynvml, a container hiding pids) does it
+fall back to the free-memory difference, with a warning. Graph memory (CUDA graphs captured for
+decode steps) is added to the profiled peak by the engine.
+
+Like vLLM, start-up fails when the device's free memory is below total * F (another process holds
+it), rather than overcommitting and dying at the first long batch.
 """
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from raypd.engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_MB = 1024
 GiB = 2 ** 30
@@ -35,6 +46,7 @@ class MemoryReading:
     free: int            # free on the device, for any process (the driver's view)
     peak_allocated: int  # the most torch's allocator held in this process since the last reset
     reserved: int        # what torch's caching allocator holds now
+    process_used: int | None = None  # this process's device memory per the driver (NVML); None: unknown
 
 
 class DeviceMemory(Protocol):
@@ -58,7 +70,21 @@ class CudaMemory:
         torch.cuda.synchronize(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         return MemoryReading(total=total, free=free, peak_allocated=torch.cuda.max_memory_allocated(self.device),
-                             reserved=torch.cuda.memory_reserved(self.device))
+                             reserved=torch.cuda.memory_reserved(self.device), process_used=self._process_used())
+
+    def _process_used(self) -> int | None:
+        """This process's memory on the device as NVML counts it, or None where NVML cannot tell."""
+        try:
+            import pynvml  # nvidia-ml-py
+            pynvml.nvmlInit()
+            # Every GPU's processes, not one handle: NVML numbers GPUs apart from CUDA_VISIBLE_DEVICES
+            # (which Ray sets), and an engine's process uses one GPU, so its sum is that GPU's.
+            procs = [p for i in range(pynvml.nvmlDeviceGetCount())
+                     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))]
+        except Exception:  # noqa: BLE001 - no NVML, no permission, an older driver: fall back
+            return None
+        mine = [p.usedGpuMemory for p in procs if p.pid == os.getpid() and p.usedGpuMemory]
+        return int(sum(mine)) if mine else None
 
 
 def check_free_at_start(start: MemoryReading, utilization: float) -> None:
@@ -73,7 +99,12 @@ def check_free_at_start(start: MemoryReading, utilization: float) -> None:
 
 def gpu_kv_bytes(start: MemoryReading, after_profile: MemoryReading, utilization: float) -> int:
     """The KV pool's bytes from the readings before loading (start) and after the peak batch."""
-    outside_torch = max(0, (start.free - after_profile.free) - after_profile.reserved)
+    if after_profile.process_used is not None:
+        outside_torch = max(0, after_profile.process_used - after_profile.reserved)
+    else:
+        log.warning("NVML cannot see this process's GPU memory: the memory outside torch is read from the device's "
+                    "free memory, which counts what other processes allocated meanwhile")
+        outside_torch = max(0, (start.free - after_profile.free) - after_profile.reserved)
     budget = int(start.total * utilization) - after_profile.peak_allocated - outside_torch
     if budget <= 0:
         raise ConfigError(

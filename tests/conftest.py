@@ -11,10 +11,43 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import pytest
+import torch
 
-from tests.prompts import all_prompt_ids
+# Triton kernels (engine/gpu/) run on the CPU through Triton's interpreter where no GPU is: the flag
+# must be set before any kernel is decorated, that is before raypd.engine.gpu is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.prompts import all_prompt_ids  # noqa: E402
 
 NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="session", autouse=True)
+def interpreter_loop_bounds():
+    """Triton 3.6's interpreter turns a tensor loop bound into a Python int with int() of a shape-(1,)
+    array, which numpy >= 2.4 refuses (triton-lang/triton#9171): apply the upstream fix (squeeze first)
+    for the run, and only where the bug is. The kernels in engine/gpu/ loop to bounds read from tensors."""
+    import numpy as np
+    try:
+        int(np.ones(1))
+        broken = False
+    except TypeError:
+        broken = True
+    if os.environ.get("TRITON_INTERPRET") != "1" or not broken:
+        yield
+        return
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(interpreter, "_patch_lang_tensor", patch_lang_tensor)
+        yield
 _live_engines: weakref.WeakSet = weakref.WeakSet()
 
 

@@ -5,7 +5,6 @@ default spends seconds per request on this CPU. Parity with transformers on real
 with the default model (tests/engine/test_parity.py and the cluster parity tests)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 # The default model's vocabulary (so its tokenizer and chat template serve this model) and a body
@@ -13,8 +12,6 @@ from pathlib import Path
 TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.3, bos_token_id=1,
             eos_token_id=2, tie_word_embeddings=True, rope_theta=10000.0)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
 
 
 def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
@@ -22,14 +19,12 @@ def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from raypd.benchmarks.random_models import copy_tokenizer
     from raypd.engine.model.source import resolve_model
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    default = resolve_model(None)
-    for name in TOKENIZER_FILES:
-        if (default / name).exists() and name != "generation_config.json":
-            shutil.copy(default / name, folder / name)
+    copy_tokenizer(resolve_model(None), folder)
     return folder

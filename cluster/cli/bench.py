@@ -12,6 +12,8 @@
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
     raypd bench engine --json out.json      single-engine throughput vs transformers (and llama.cpp's
                                             server: --systems raypd,hf,llamacpp)
+    raypd bench parity --device cuda        greedy tokens against transformers on tiny checkpoints of every
+                                            family (float32 identical; bf16 agreement beside transformers')
     raypd bench gpu-smoke --json out.json   on a GPU host: versions, the engine on CUDA against the CPU,
                                             bench engine --device cuda, a 1P+1D generate --mode pd
     raypd bench routing ...                 Conductor policies on a replayed trace (simulator)
@@ -30,7 +32,8 @@ BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmark
               "conductor": "raypd.benchmarks.conductor_latency", "streaming": "raypd.benchmarks.streaming_overhead",
               "serve": "raypd.benchmarks.serve.main", "chaos": "raypd.benchmarks.chaos.main",
               "conductor-failover": "raypd.benchmarks.conductor_failover", "soak": "raypd.benchmarks.soak.main",
-              "hostile": "raypd.benchmarks.ingress_hostile", "gpu-smoke": "raypd.benchmarks.gpu_smoke"}
+              "hostile": "raypd.benchmarks.ingress_hostile", "gpu-smoke": "raypd.benchmarks.gpu_smoke",
+              "parity": "raypd.benchmarks.family_parity"}
 
 
 def add_bench_parser(sub) -> None:

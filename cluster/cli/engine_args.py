@@ -32,6 +32,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--device", default="auto")
     e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
                    help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
+    e.add_argument("--attention-backend", choices=["auto", "triton", "torch"], default="auto",
+                   help="attention and layer kernels: triton reads KV blocks in place and fuses the norms, rotary and "
+                        "SwiGLU (CUDA); torch is the reference path; auto = triton on CUDA when Triton imports")
+    e.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     e.add_argument("--quantization", choices=["none", "int8", "int8-g32"], default="none",
                    help="weight-only int8 projections, activations in --dtype: int8 = a scale per output channel, "
                         "int8-g32 = a scale and offset per 32 weights (exact for a GGUF's Q4/Q8 groups)")
@@ -43,7 +47,8 @@ def engine_options(args: argparse.Namespace) -> dict:
     takes its own from its Ray CPUs (--cpus-per-node)."""
     options = dict(block_size=args.block_size, schedule_policy=args.schedule_policy,
                    enable_prefix_cache=not args.no_prefix_cache, dtype=args.dtype, device=args.device,
-                   cpu_kernels=args.cpu_kernels, quantization=args.quantization)
+                   cpu_kernels=args.cpu_kernels, quantization=args.quantization,
+                   attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
     # Unset: EngineConfig's default, or the device kind's for the batch sizes.
     for name in ("num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
                  "max_num_batched_tokens", "max_running_requests", "max_waiting_requests"):

@@ -3,6 +3,8 @@ sizing runs for real here (the peak batch goes through the engine) with the devi
 readings given by the test."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -104,3 +106,79 @@ def test_cpu_default_is_the_fixed_budget():
     engine = LLMEngine(None)
     per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, engine.dtype)
     assert engine.num_blocks == DEFAULT_CPU_KV_MB * 2**20 // per_block
+
+
+def test_memory_outside_torch_is_this_process_own_when_the_driver_reports_it():
+    start = reading(free=79 * GiB)
+    # Another process allocated 30 GiB between the readings: the device lost 52 GiB, this process
+    # 22 GiB (NVML), of which torch reserved 21.
+    after = MemoryReading(total=80 * GiB, free=27 * GiB, peak_allocated=20 * GiB, reserved=21 * GiB,
+                          process_used=22 * GiB)
+    assert gpu_kv_bytes(start, after, 0.4) == int(80 * GiB * 0.4) - 20 * GiB - 1 * GiB
+
+
+class SharedGpu:
+    """One GPU two engines share: each one's readings see the other's memory in `free`, and its own
+    in process_used (what NVML reports per process). The weights and peak batch are given numbers
+    (on the CPU nothing is allocated on a device); the KV pool is what the engine computed."""
+
+    total = 16 * GiB
+    context = 500 * 2**20  # each process's CUDA context, outside torch
+
+    def __init__(self) -> None:
+        self.used: dict[str, int] = {}
+
+    def free(self) -> int:
+        return self.total - sum(self.used.values())
+
+    def process(self, name: str, weights_and_peak: int, between: Callable[[], None] | None = None) -> ProcessMemory:
+        return ProcessMemory(self, name, weights_and_peak, between)
+
+
+class ProcessMemory:
+    def __init__(self, gpu: SharedGpu, name: str, peak: int, between: Callable[[], None] | None):
+        self.gpu, self.name, self.peak, self.between = gpu, name, peak, between
+        self.reads = 0
+
+    def reset_peak(self) -> None:
+        pass
+
+    def read(self) -> MemoryReading:
+        self.reads += 1
+        if self.reads == 1:  # at start: the context exists, nothing else yet
+            self.gpu.used[self.name] = self.gpu.context
+        else:  # after the profile: the weights and peak batch are held; then the other engine starts whole
+            self.gpu.used[self.name] = self.gpu.context + self.peak
+            if self.between is not None:
+                self.between()
+        return MemoryReading(total=self.gpu.total, free=self.gpu.free(), peak_allocated=self.peak,
+                             reserved=self.peak, process_used=self.gpu.used[self.name])
+
+    def took_pool(self, engine: LLMEngine) -> None:
+        self.gpu.used[self.name] += engine.num_blocks * PagedKVCache.bytes_per_block(
+            engine.model_config, engine.config.block_size, engine.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("second_starts", ["after the first", "during the first's profile"])
+def test_two_engines_sharing_a_gpu_both_start_whatever_the_order(tiny_model_dir, dtype, second_starts):
+    """Two node actors at --gpu-memory-utilization 0.4 on one GPU (an H200 run failed when the second
+    one counted the first's KV pool as its own memory outside torch)."""
+    gpu = SharedGpu()
+    options = dict(gpu_memory_utilization=0.4, max_num_batched_tokens=64, max_running_requests=4, dtype=dtype)
+    engines: dict[str, LLMEngine] = {}
+
+    def start(name: str, between: Callable[[], None] | None = None) -> None:
+        memory = gpu.process(name, weights_and_peak=1 * GiB, between=between)
+        engines[name] = LLMEngine(tiny_model_dir, device_memory=memory, **options)
+        memory.took_pool(engines[name])
+
+    if second_starts == "after the first":
+        start("first")
+        start("second")
+    else:
+        start("first", between=lambda: start("second"))
+    per_block = PagedKVCache.bytes_per_block(engines["first"].model_config, 16, engines["first"].dtype)
+    share = int(gpu.total * 0.4) - 1 * GiB - gpu.context  # each one's KV budget: its share less its own use
+    assert [e.num_blocks for e in engines.values()] == [share // per_block] * 2
+    assert gpu.free() >= 0

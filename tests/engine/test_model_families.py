@@ -7,11 +7,11 @@ over through the real node stages. Real configs of the models users serve (pinne
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 import torch
 
+from raypd.benchmarks.random_models import copy_tokenizer, tiny_family
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.engine import LLM, SamplingParams
 from raypd.engine.errors import UnsupportedModelError
@@ -22,48 +22,16 @@ from tests.node.pd import PATIENT, TokenSink, assert_idle, request, stop_nodes
 NEW = 16
 GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
 PROMPTS = [list(range(10, 15)), list(range(300, 400)), list(range(300, 380)) + [7, 7, 7]]
-SMALL = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
-
-
-def qwen2():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    # Qwen2.5-7B's structure: biases on q/k/v, untied head, a sliding_window value that is switched off.
-    return Qwen2ForCausalLM(Qwen2Config(**SMALL, tie_word_embeddings=False, use_sliding_window=False,
-                                        sliding_window=4096, max_window_layers=2, rope_theta=1e6))
-
-
-def qwen3():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=True, rope_theta=1e6))
-
-
-def llama3():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    return LlamaForCausalLM(LlamaConfig(**SMALL, rope_parameters=rope, tie_word_embeddings=False))
-
-
-FAMILIES = {"qwen2": qwen2, "qwen3": qwen3, "llama3": llama3}
+FAMILIES = ("qwen2", "qwen3", "llama3")  # built by benchmarks/random_models.py's tiny_family
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory, llm):
     """(folder, greedy reference per prompt) for one family."""
-    torch.manual_seed(0)
-    ref = FAMILIES[request.param]().eval()
-    with torch.no_grad():  # transformers starts biases at 0 and norms at 1: make them matter
-        for name, p in ref.named_parameters():
-            if name.endswith(".bias"):
-                p.normal_(0, 0.3)
-            elif name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.uniform_(0.5, 1.5)
+    ref = tiny_family(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     ref.save_pretrained(folder)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (llm.engine.model_dir / f).exists():
-            shutil.copy(llm.engine.model_dir / f, folder / f)
+    copy_tokenizer(llm.engine.model_dir, folder)
     with torch.inference_mode():
         want = [ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                              max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()

@@ -204,5 +204,9 @@ def test_quantization_option_and_flag():
     assert engine_options(parser.parse_args([]))["quantization"] == "none"
     assert engine_options(parser.parse_args(["--quantization", "int8"]))["quantization"] == "int8"
     assert engine_options(parser.parse_args(["--quantization", "int8-g32"]))["quantization"] == "int8-g32"
+    gpu = engine_options(parser.parse_args(["--attention-backend", "torch", "--enforce-eager"]))
+    assert (gpu["attention_backend"], gpu["enforce_eager"]) == ("torch", True)
+    assert (engine_options(parser.parse_args([]))["attention_backend"], engine_options(parser.parse_args([]))["enforce_eager"]) \
+        == ("auto", False)
     with pytest.raises(ConfigError, match="quantization"):
         EngineConfig(quantization="int4")  # type: ignore[arg-type]

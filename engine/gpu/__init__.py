@@ -1,0 +1,1 @@
+"""The engine's GPU paths: Triton kernels and CUDA graphs (docs/architecture.md, engine/gpu/)."""

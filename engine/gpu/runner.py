@@ -1,0 +1,172 @@
+"""The model runner on a GPU: the step's rows as the Triton attention wants them, decode-only steps
+replayed from CUDA graphs, everything else eager.
+
+Row order: the batch's decode items first (one token each), then its prefill chunks, whatever the
+scheduler's order; tokens come back in the scheduler's order. Index arithmetic is numpy over whole
+requests, and each step's integers reach the device in two copies (one int64, one int32 buffer)
+that are sliced there, instead of one copy per tensor.
+
+One host synchronisation per step: the sampled tokens' transfer (Sampler.sample).
+
+Triton compiles a kernel once per specialization of its arguments, which includes whether an
+integer is divisible by 16 and whether a pointer is 16-byte aligned. So every block table is padded
+to a multiple of TABLE_COLUMNS columns and every slice of the packed copies starts 16-byte aligned:
+the steps then launch the variants compiled at start (warm_up), never a new one mid-serving.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.gpu.cuda_graphs import DecodeGraphs, DecodeHostRows, DecodeInputs
+from raypd.engine.gpu.step_timer import StepTimer
+from raypd.engine.gpu.triton_attention import PrefillChunks, TritonAttentionMetadata
+from raypd.engine.model.llama import LlamaModel
+from raypd.engine.sampler import Sampler
+from raypd.engine.scheduler import ScheduledBatch, ScheduledRequest
+
+TABLE_COLUMNS = 16  # block tables are padded to a multiple of this many columns
+ALIGN_BYTES = 16
+
+
+def padded_width(blocks: int) -> int:
+    return -(-max(blocks, 1) // TABLE_COLUMNS) * TABLE_COLUMNS
+
+
+def decode_rows(items: list[ScheduledRequest], block_size: int, width: int | None = None) -> DecodeHostRows:
+    """The host rows of decode items (one token each); width: the tables' columns (default: the widest)."""
+    n = len(items)
+    starts = np.fromiter((x.start for x in items), dtype=np.int64, count=n)
+    ids = np.fromiter((x.request.token_ids[x.start] for x in items), dtype=np.int64, count=n)
+    used = [-(-(s + 1) // block_size) for s in starts.tolist()]
+    tables = np.zeros((n, width or padded_width(max(used))), dtype=np.int32)
+    for i, (x, w) in enumerate(zip(items, used)):
+        tables[i, :w] = x.request.block_table[:w]
+    last = tables[np.arange(n), starts // block_size].astype(np.int64)
+    return DecodeHostRows(ids, starts, last * block_size + starts % block_size, (starts + 1).astype(np.int32), tables)
+
+
+class CudaModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: PagedKVCache, sampler: Sampler, device: torch.device):
+        self.model = model
+        self.kv = kv_cache
+        self.sampler = sampler
+        self.device = device
+        self.block_size = kv_cache.block_size
+        self.graphs: DecodeGraphs | None = None  # set by the engine after capture (capture_graphs)
+        self.timer: StepTimer | None = None      # set by benchmarks
+
+    def decode_forward(self, inputs: DecodeInputs) -> torch.Tensor:
+        """The forward of a decode-only step whose every row samples: what the graphs capture."""
+        meta = TritonAttentionMetadata(inputs.slots, inputs.input_ids.shape[0], inputs.tables, inputs.ctx_lens, None)
+        index = torch.arange(inputs.input_ids.shape[0], device=self.device)
+        return self.model.forward(inputs.input_ids, inputs.positions, meta, self.kv, index)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int | None]:
+        """One forward pass; returns the sampled token per item (None for a mid-prompt chunk)."""
+        items = batch.items
+        decodes = [i for i, x in enumerate(items) if x.num_tokens == 1 and x.start > 0]
+        prefills = [i for i, x in enumerate(items) if not (x.num_tokens == 1 and x.start > 0)]
+        order = decodes + prefills
+        graphs = self.graphs
+        rows = decode_rows([items[i] for i in decodes], self.block_size) if decodes else None
+        timer = self.timer
+        if timer is not None:
+            timer.begin()
+        if not prefills and rows is not None and graphs is not None and graphs.serves(len(decodes), rows.tables.shape[1]):
+            logits = graphs.run(rows)
+            kind = "graph"
+        else:
+            logits = self._eager(items, order, len(decodes), rows)
+            kind = "eager-decode" if not prefills else "mixed" if decodes else "prefill"
+        if timer is not None:
+            timer.end(kind, len(decodes))
+        # Logit rows: one per decode row (a one-token chunk that does not sample is among them), then
+        # one per sampling prefill chunk.
+        sampling = [i for i in order if items[i].samples]
+        keep = [j for j, i in enumerate(decodes) if items[i].samples]
+        if len(keep) != len(decodes):
+            rest = len(sampling) - len(keep)
+            logits = logits[torch.tensor(keep + list(range(len(decodes), len(decodes) + rest)), device=self.device)]
+        tokens = self.sampler.sample(logits, [items[i].request for i in sampling]) if sampling else []
+        out: list[int | None] = [None] * len(items)
+        for i, t in zip(sampling, tokens):
+            out[i] = t
+        return out
+
+    def _eager(self, items: list[ScheduledRequest], order: list[int], num_decode: int,
+               rows: DecodeHostRows | None) -> torch.Tensor:
+        """Logits of the sampling rows, in `order`, from an eager forward."""
+        bs = self.block_size
+        ids, pos, slots, logits_index = [], [], [], []
+        if rows is not None:
+            ids.append(rows.input_ids)
+            pos.append(rows.positions)
+            slots.append(rows.slots)
+            logits_index.append(np.arange(num_decode, dtype=np.int64))
+        chunk_lens, starts, tables = [], [], []
+        offset = num_decode
+        for i in order[num_decode:]:
+            x = items[i]
+            req, start, n = x.request, x.start, x.num_tokens
+            ctx = start + n
+            table = np.asarray(req.block_table[:-(-ctx // bs)], dtype=np.int64)
+            positions = np.arange(start, ctx, dtype=np.int64)
+            ids.append(np.asarray(req.token_ids[start:ctx], dtype=np.int64))
+            pos.append(positions)
+            slots.append(table[positions // bs] * bs + positions % bs)
+            chunk_lens.append(n)
+            starts.append(start)
+            tables.append(table)
+            offset += n
+            if x.samples:
+                logits_index.append(np.asarray([offset - 1], dtype=np.int64))
+        if not logits_index:
+            logits_index.append(np.zeros(1, dtype=np.int64))  # the model computes one row; discarded
+        # Two host-to-device copies: every int64 array, then every int32 array, sliced on the device.
+        longs = [np.concatenate(ids), np.concatenate(pos), np.concatenate(slots), np.concatenate(logits_index)]
+        ints: list[np.ndarray] = []
+        if rows is not None:
+            ints += [rows.ctx_lens, rows.tables.ravel()]
+        if chunk_lens:
+            width = padded_width(max(len(t) for t in tables))
+            padded = np.zeros((len(tables), width), dtype=np.int32)
+            for j, t in enumerate(tables):
+                padded[j, :len(t)] = t
+            ints += [np.concatenate([[0], np.cumsum(chunk_lens)]).astype(np.int32), np.asarray(starts, np.int32),
+                     padded.ravel()]
+        dev_longs = self._split(longs, torch.int64)
+        dev_ints = self._split(ints, torch.int32) if ints else []
+        decode_tables = decode_ctx = None
+        if rows is not None:
+            decode_ctx, flat = dev_ints[0], dev_ints[1]
+            decode_tables = flat.view(num_decode, rows.tables.shape[1])
+            dev_ints = dev_ints[2:]
+        prefill = None
+        if chunk_lens:
+            cu_q, starts_t, flat = dev_ints
+            prefill = PrefillChunks(cu_q, starts_t, flat.view(len(chunk_lens), -1), max(chunk_lens))
+        meta = TritonAttentionMetadata(dev_longs[2], num_decode, decode_tables, decode_ctx, prefill)
+        return self.model.forward(dev_longs[0], dev_longs[1], meta, self.kv, dev_longs[3])
+
+    def _split(self, arrays: list[np.ndarray], dtype: torch.dtype) -> list[torch.Tensor]:
+        """One copy of the concatenated arrays to the device, returned as per-array views, each
+        starting 16-byte aligned (see the module docstring)."""
+        np_dtype = np.int64 if dtype == torch.int64 else np.int32
+        step = ALIGN_BYTES // np.dtype(np_dtype).itemsize
+        sizes = [a.size for a in arrays]
+        spans = [-(-n // step) * step for n in sizes]
+        flat = np.zeros(sum(spans), dtype=np_dtype)
+        offsets = np.cumsum([0] + spans[:-1])
+        for a, at in zip(arrays, offsets):
+            flat[at:at + a.size] = a.ravel()
+        dev = torch.from_numpy(flat).to(self.device, non_blocking=False)
+        return [dev[at:at + n] for at, n in zip(offsets.tolist(), sizes)]
+
+    def warm_up(self) -> None:
+        """Compile the kernels' variants before the first request (paged_attention.compile_variants);
+        the layer ops compile during the first forward, which graph capture or the KV profile runs."""
+        from raypd.engine.gpu import paged_attention
+        paged_attention.compile_variants(self.kv.pool, self.model.cfg.num_heads)
