@@ -33,6 +33,11 @@ class EngineConfig:
     # without decodes is not capped.
     max_prefill_tokens_per_step: int | None = None
     enable_prefix_cache: bool = True
+    # A KV tier below the pool (engine/cache/kv_tier.py): blocks the prefix cache evicts are written
+    # to this directory (at most kv_tier_size_mb of them) and loaded back when a prompt's prefix runs
+    # into them. None: no tier.
+    kv_tier_dir: str | None = None
+    kv_tier_size_mb: int = 4096
     # engine/device.py: "auto" is float32 on CPU (the parity reference) and bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"  # "auto": cuda when available, else cpu (a node actor passes the GPU Ray gave it)
@@ -91,6 +96,10 @@ class EngineConfig:
             raise ConfigError(f"cpu_kernels must be auto, native or torch, got {self.cpu_kernels!r}")
         if self.quantization not in ("none", "int8", "int8-g32"):
             raise ConfigError(f"quantization must be none, int8 or int8-g32, got {self.quantization!r}")
+        if self.kv_tier_size_mb < 1:
+            raise ConfigError(f"kv_tier_size_mb must be >= 1, got {self.kv_tier_size_mb}")
+        if self.kv_tier_dir is not None and not self.enable_prefix_cache:
+            raise ConfigError("a KV tier holds what the prefix cache evicts: it needs enable_prefix_cache")
         if self.attention_backend not in ("auto", "triton", "torch"):
             raise ConfigError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:

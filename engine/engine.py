@@ -11,6 +11,7 @@ import torch
 
 from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.cache.kv_tier import DiskKVTier
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.config import EngineConfig
 from raypd.engine.device import batch_defaults, configure_math, resolve_device, resolve_dtype
@@ -110,17 +111,20 @@ class LLMEngine:
         else:
             mb = DEFAULT_CPU_KV_MB if cfg.kv_cache_memory_mb is None else cfg.kv_cache_memory_mb
             self.num_blocks = blocks_for_bytes(mb * 2**20, per_block, f"kv_cache_memory_mb={mb}")
-        self._build_pool(self.num_blocks, on_kv_event)
+        self._build_pool(self.num_blocks, on_kv_event, tiered=True)
         self._capture_graphs()
         log.info("engine on %s in %s: %d KV blocks of %d tokens (%.0f MiB)", self.device, str(dtype).removeprefix("torch."),
                  self.num_blocks, cfg.block_size, self.num_blocks * per_block / 2**20)
 
-    def _build_pool(self, num_blocks: int, on_kv_event: KVEventCallback | None) -> None:
-        """The KV pool and everything that indexes it: allocator, prefix cache, scheduler, runner."""
+    def _build_pool(self, num_blocks: int, on_kv_event: KVEventCallback | None, tiered: bool = False) -> None:
+        """The KV pool and everything that indexes it: allocator, prefix cache (over the KV tier when
+        `tiered` and configured: not for the profile's temporary pool), scheduler, runner."""
         cfg, mc = self.config, self.model_config
         self.kv_cache = PagedKVCache(mc, num_blocks, cfg.block_size, self.dtype, self.device)
         self.allocator = BlockAllocator(num_blocks)
-        self.prefix_cache = RadixCache(self.allocator, cfg.block_size, on_kv_event)
+        self.kv_tier = (DiskKVTier(cfg.kv_tier_dir, cfg.kv_tier_size_mb * 2**20, self.kv_cache.pool)
+                        if tiered and cfg.kv_tier_dir is not None else None)
+        self.prefix_cache = RadixCache(self.allocator, cfg.block_size, on_kv_event, lower=self.kv_tier)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=cfg.block_size, max_num_batched_tokens=cfg.max_num_batched_tokens,
             chunked_prefill_size=cfg.chunked_prefill_size, max_running_requests=cfg.max_running_requests,
@@ -177,7 +181,7 @@ class LLMEngine:
         # The graphs' memory stays reserved beside every later step's activations: count it on top.
         graphs = self._capture_graphs()
         reading = dataclasses.replace(reading, peak_allocated=reading.peak_allocated + graphs)
-        del self.kv_cache, self.allocator, self.prefix_cache, self.scheduler, self.runner, self.decode_kernel
+        del self.kv_cache, self.kv_tier, self.allocator, self.prefix_cache, self.scheduler, self.runner, self.decode_kernel
         return reading
 
     def _linears(self, cfg: EngineConfig, dtype: torch.dtype) -> LinearFactory:
@@ -407,7 +411,9 @@ class LLMEngine:
                 "held_blocks": acc.held, "waiting": len(self.scheduler.waiting),
                 "running": len(self.scheduler.running), "reservations": len(self.reservations),
                 "num_retractions": self.scheduler.num_retractions,
-                "num_evicted_blocks": self.prefix_cache.num_evicted_blocks}
+                "num_evicted_blocks": self.prefix_cache.num_evicted_blocks,
+                **({f"kv_tier_{k}": v for k, v in dataclasses.asdict(self.kv_tier.stats).items()}
+                   if self.kv_tier is not None else {})}
 
     def check_block_integrity(self) -> None:
         """Raise AssertionError unless every block's reference count is exactly explained: one

@@ -13,7 +13,14 @@ from raypd.engine.model.attention import AttentionMetadata, DecodeBatch, Prefill
 from raypd.engine.model.llama import LlamaModel
 from raypd.engine.model.native_attention import NativeDecodeAttention
 from raypd.engine.sampler import Sampler
-from raypd.engine.scheduler import ScheduledBatch
+from raypd.engine.scheduler import ScheduledBatch, ScheduledRequest
+
+
+def item_rows(item: ScheduledRequest, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One scheduled item's (block table up to its context, positions, token ids) for this step."""
+    req, start, ctx = item.request, item.start, item.start + item.num_tokens
+    return (np.asarray(req.block_table[:-(-ctx // block_size)], dtype=np.int64), np.arange(start, ctx, dtype=np.int64),
+            np.asarray(req.token_ids[start:ctx], dtype=np.int64))
 
 
 class ModelRunner:
@@ -37,11 +44,10 @@ class ModelRunner:
         logits_index = []
         offset = 0
         for item in batch.items:
-            req, start, n = item.request, item.start, item.num_tokens
+            start, n = item.start, item.num_tokens
             ctx = start + n
-            table = np.asarray(req.block_table[:-(-ctx // bs)], dtype=np.int64)
-            positions = np.arange(start, ctx, dtype=np.int64)
-            ids.append(np.asarray(req.token_ids[start:ctx], dtype=np.int64))
+            table, positions, token_ids = item_rows(item, bs)
+            ids.append(token_ids)
             pos.append(positions)
             runs = self._runs(table)  # [KVH, blocks]
             # slot of (token, head) = run of (its block, head) * bs + offset in block; token-major

@@ -318,8 +318,9 @@ class Scheduler:
     def _match_prefix(self, req: Request) -> None:
         if not self.config.enable_prefix_cache or req.prefix_node is not None:
             return
-        # Leave at least one token to compute: its logits give the next token.
-        m = self.cache.match_prefix(req.token_ids, (req.num_tokens - 1) // self.config.block_size)
+        # Leave at least one token to compute: its logits give the next token. Blocks evicted to the
+        # KV tier come back here (radix_cache.match_and_load), at admission only.
+        m = self.cache.match_and_load(req.token_ids, (req.num_tokens - 1) // self.config.block_size)
         self.cache.lock(m.node)
         self.allocator.incref(m.blocks)
         req.prefix_node = m.node

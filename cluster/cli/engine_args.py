@@ -27,6 +27,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="order of prompts at admission: first come first served, longest cached prefix first, or "
                         "shortest remaining prompt first (aged, so long prompts are not starved)")
     e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument("--kv-tier-dir", metavar="PATH", default=None,
+                   help="a directory for the KV tier below the pool: blocks the prefix cache evicts are kept "
+                        "there and loaded back when a prompt's prefix reaches them (one directory per node)")
+    e.add_argument("--kv-tier-size", type=int, default=None, metavar="MB", dest="kv_tier_size_mb",
+                   help="the tier's size on disk (default 4096)")
     e.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="auto: float32 on CPU, bfloat16 on CUDA")
     e.add_argument("--device", default="auto")
@@ -50,7 +55,7 @@ def engine_options(args: argparse.Namespace) -> dict:
                    cpu_kernels=args.cpu_kernels, quantization=args.quantization,
                    attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
     # Unset: EngineConfig's default, or the device kind's for the batch sizes.
-    for name in ("num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
+    for name in ("kv_tier_dir", "kv_tier_size_mb", "num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
                  "max_num_batched_tokens", "max_running_requests", "max_waiting_requests"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)

@@ -9,6 +9,7 @@ torch to that many threads. Ray itself is joined or started by ray_init.init_ray
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -259,6 +260,8 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
     budget = {"max_prefill_tokens_per_step": spec.local_prefill_budget} \
         if role in (Role.DECODE, Role.FLEX) and spec.local_prefill_budget is not None else {}
     options = {**spec.engine_options, **budget, **spec.role_engine_options.get(role, {}), **engine_options}
+    if options.get("kv_tier_dir"):  # one tier folder per node, kept across its restarts (same name)
+        options["kv_tier_dir"] = os.path.join(options["kv_tier_dir"], name)
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,
               "data_plane_secret": spec.data_plane_secret, "chaos_hooks": spec.chaos_hooks}
     if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint

@@ -7,6 +7,10 @@ unlocked subtree and is evictable; eviction takes unlocked leaves in LRU order (
 by creation order). Every change is published as a KV event with a per-cache sequence number.
 
 The tree holds one allocator reference on each stored block; requests add their own.
+
+With a lower tier (kv_tier.py), an evicted block is written down to it first (write-back), and
+match_and_load continues a match past the tree into the blocks the tier holds, loading each into a
+newly allocated pool block that joins the tree like any stored block (a BlockStored event).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.protocol.block_hash import ROOT_HASH, block_hash
@@ -41,6 +46,16 @@ class RadixNode:
         return self.parent
 
 
+class LowerTier(Protocol):
+    """Where evicted blocks go and come back from, by chained block hash (kv_tier.DiskKVTier)."""
+
+    def __contains__(self, block_hash: int) -> bool: ...
+
+    def store(self, block_hash: int, parent_hash: int, tokens: tuple[int, ...], block: int) -> None: ...
+
+    def load(self, block_hash: int, parent_hash: int, tokens: tuple[int, ...], block: int) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
     node: RadixNode  # deepest matched node (the root when nothing matched)
@@ -52,8 +67,10 @@ class PrefixMatch:
 
 
 class RadixCache:
-    def __init__(self, allocator: BlockAllocator, block_size: int, on_event: KVEventCallback | None = None):
+    def __init__(self, allocator: BlockAllocator, block_size: int, on_event: KVEventCallback | None = None,
+                 lower: LowerTier | None = None):
         self.allocator = allocator
+        self.lower = lower
         self.block_size = block_size
         self._on_event = on_event
         self._uids = itertools.count()
@@ -81,6 +98,45 @@ class RadixCache:
             node = child
             node.last_access = self._clock
             blocks.append(node.block)
+        return PrefixMatch(node=node, blocks=blocks)
+
+    def match_and_load(self, token_ids: Sequence[int], max_blocks: int | None = None) -> PrefixMatch:
+        """match_prefix, continued into the lower tier: each following block the tier holds is loaded
+        into a new pool block and stored in the tree, until one is missing, fails its checks, or no
+        pool block can be freed for it."""
+        m = self.match_prefix(token_ids, max_blocks)
+        if self.lower is None:
+            return m
+        limit = len(token_ids) // self.block_size if max_blocks is None else min(len(token_ids) // self.block_size,
+                                                                                 max_blocks)
+        node, blocks, loaded = m.node, list(m.blocks), []
+        self.lock(node)  # the matched path must survive the evictions that make room below
+        try:
+            for i in range(len(blocks), limit):
+                key = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+                name = block_hash(node.hash, key)
+                if name not in self.lower or (self.allocator.num_free == 0 and self.evict(1) == 0):
+                    break
+                (block,) = self.allocator.allocate(1)  # the tree's own reference
+                if not self.lower.load(name, node.hash, key, block):
+                    self.allocator.decref([block])
+                    break
+                child = RadixNode(tokens=key, block=block, hash=name, parent=node, uid=next(self._uids),
+                                  last_access=self._clock)
+                node.children[key] = child
+                self.num_cached_blocks += 1
+                self.num_evictable_blocks += 1
+                self.lock(child)  # move our lock down to the new end of the path
+                self.unlock(node)
+                node = child
+                blocks.append(block)
+                loaded.append(child)
+        finally:
+            self.unlock(node)
+        if loaded:
+            self._emit(BlockStored(seq=self._next_seq(), parent_hash=loaded[0].up.hash,
+                                   block_hashes=tuple(x.hash for x in loaded),
+                                   token_ids=tuple(t for x in loaded for t in x.tokens), block_size=self.block_size))
         return PrefixMatch(node=node, blocks=blocks)
 
     # -- locking --------------------------------------------------------------------------------
@@ -143,6 +199,8 @@ class RadixCache:
             leaf = heapq.heappop(leaves)
             parent = leaf.up
             del parent.children[leaf.tokens]
+            if self.lower is not None:  # write-back: the block's KV is still in the pool until decref
+                self.lower.store(leaf.hash, parent.hash, leaf.tokens, leaf.block)
             self.allocator.decref([leaf.block])
             self.num_cached_blocks -= 1
             self.num_evictable_blocks -= 1

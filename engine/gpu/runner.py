@@ -23,6 +23,7 @@ from raypd.engine.gpu.cuda_graphs import DecodeGraphs, DecodeHostRows, DecodeInp
 from raypd.engine.gpu.step_timer import StepTimer
 from raypd.engine.gpu.triton_attention import PrefillChunks, TritonAttentionMetadata
 from raypd.engine.model.llama import LlamaModel
+from raypd.engine.model_runner import item_rows
 from raypd.engine.sampler import Sampler
 from raypd.engine.scheduler import ScheduledBatch, ScheduledRequest
 
@@ -110,11 +111,9 @@ class CudaModelRunner:
         offset = num_decode
         for i in order[num_decode:]:
             x = items[i]
-            req, start, n = x.request, x.start, x.num_tokens
-            ctx = start + n
-            table = np.asarray(req.block_table[:-(-ctx // bs)], dtype=np.int64)
-            positions = np.arange(start, ctx, dtype=np.int64)
-            ids.append(np.asarray(req.token_ids[start:ctx], dtype=np.int64))
+            start, n = x.start, x.num_tokens
+            table, positions, token_ids = item_rows(x, bs)
+            ids.append(token_ids)
             pos.append(positions)
             slots.append(table[positions // bs] * bs + positions % bs)
             chunk_lens.append(n)

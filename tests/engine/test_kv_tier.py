@@ -1,0 +1,158 @@
+"""The KV tier below the pool (engine/cache/kv_tier.py): evicted blocks written back to a directory,
+loaded on a prefix match that runs past the pool, and never used unless every check passes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raypd.engine import LLM, SamplingParams
+from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.kv_tier import DiskKVTier
+from raypd.engine.cache.radix_cache import RadixCache
+from raypd.protocol.block_hash import ROOT_HASH, block_hash
+from raypd.protocol.kv_events import BlockRemoved, BlockStored
+from tests.conftest import NEW_TOKENS
+
+BS = 4
+TOKENS = (1, 2, 3, 4)
+
+
+def pool(dtype=torch.float32, blocks: int = 8) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(blocks, 2, 2, 2, BS, 8).to(dtype)  # [blocks, layers, K/V, kv heads, slots, dim]
+
+
+def test_a_block_goes_down_and_comes_back_bit_for_bit(tmp_path):
+    p = pool()
+    tier = DiskKVTier(tmp_path, 1 << 20, p)
+    h = block_hash(ROOT_HASH, TOKENS)
+    tier.store(h, ROOT_HASH, TOKENS, block=3)
+    assert h in tier and tier.stats.stored == 1 and not any(tmp_path.glob("*.tmp*"))
+    assert tier.load(h, ROOT_HASH, TOKENS, block=5)
+    assert torch.equal(p[5], p[3]) and tier.stats.loaded == 1
+
+
+@pytest.mark.parametrize("damage", ["flipped payload byte", "truncated", "other tokens", "empty"])
+def test_a_damaged_file_is_rejected_deleted_and_never_copied(tmp_path, damage):
+    p = pool()
+    tier = DiskKVTier(tmp_path, 1 << 20, p)
+    h = block_hash(ROOT_HASH, TOKENS)
+    tier.store(h, ROOT_HASH, TOKENS, block=3)
+    (path,) = tmp_path.glob("*.kv")
+    data = bytearray(path.read_bytes())
+    if damage == "flipped payload byte":
+        data[-10] ^= 0x40
+    elif damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    before = p[5].clone()
+    tokens = (9, 9, 9, 9) if damage == "other tokens" else TOKENS
+    assert not tier.load(h, ROOT_HASH, tokens, block=5)
+    assert torch.equal(p[5], before)  # nothing of the file reached the pool
+    assert tier.stats.rejected == 1 and h not in tier and not path.exists()
+
+
+def test_another_layout_adopts_nothing_and_a_restart_keeps_its_own(tmp_path):
+    p = pool()
+    tier = DiskKVTier(tmp_path, 1 << 20, p)
+    hashes = [block_hash(ROOT_HASH, (i, i, i, i)) for i in range(3)]
+    for i, h in enumerate(hashes):
+        tier.store(h, ROOT_HASH, (i, i, i, i), block=i)
+    (tmp_path / "stray.tmp123").write_bytes(b"half a block")
+    again = DiskKVTier(tmp_path, 1 << 20, pool())  # the same node, restarted
+    assert [h in again for h in hashes] == [True] * 3
+    assert again.load(hashes[1], ROOT_HASH, (1, 1, 1, 1), block=7)
+    assert not (tmp_path / "stray.tmp123").exists()
+    foreign = DiskKVTier(tmp_path, 1 << 20, pool(torch.bfloat16))  # another dtype: another layout
+    assert foreign.num_blocks == 0 and not any(tmp_path.iterdir())
+
+
+def test_the_tier_never_holds_more_than_its_size_dropping_the_least_recently_used(tmp_path):
+    p = pool()
+    one = DiskKVTier(tmp_path / "probe", 1 << 20, p).file_bytes
+    tier = DiskKVTier(tmp_path / "t", 3 * one, p)
+    hashes = [block_hash(ROOT_HASH, (i, 0, 0, 0)) for i in range(5)]
+    for i, h in enumerate(hashes[:3]):
+        tier.store(h, ROOT_HASH, (i, 0, 0, 0), block=i)
+    assert tier.load(hashes[0], ROOT_HASH, (0, 0, 0, 0), block=6)  # 0 is now the most recently used
+    for i, h in enumerate(hashes[3:], start=3):
+        tier.store(h, ROOT_HASH, (i, 0, 0, 0), block=i)
+    assert [h in tier for h in hashes] == [True, False, False, True, True]
+    assert sum(f.stat().st_size for f in (tmp_path / "t").iterdir()) <= 3 * one and tier.stats.evicted == 2
+
+
+class ListTier:
+    """A lower tier in memory: what the radix cache asks of one."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.loaded: list[tuple[int, int]] = []  # (hash, into block)
+
+    def __contains__(self, h: int) -> bool:
+        return h in self.blocks
+
+    def store(self, h: int, parent: int, tokens: tuple[int, ...], block: int) -> None:
+        self.blocks[h] = (parent, tokens)
+
+    def load(self, h: int, parent: int, tokens: tuple[int, ...], block: int) -> bool:
+        self.loaded.append((h, block))
+        return self.blocks.get(h) == (parent, tokens)
+
+
+def test_the_radix_cache_writes_back_on_eviction_and_loads_past_the_pool():
+    alloc = BlockAllocator(4)
+    events = []
+    lower = ListTier()
+    cache = RadixCache(alloc, BS, events.append, lower=lower)
+    prompt = list(range(1, 13))  # three blocks
+    blocks = alloc.allocate(3)
+    cache.insert(prompt, blocks)
+    alloc.decref(blocks)  # the request finished: the cache holds them alone
+    assert cache.evict(2) == 2  # the last two blocks go down to the tier
+    h = [block_hash(ROOT_HASH, prompt[:4])]
+    h += [block_hash(h[0], prompt[4:8]), block_hash(block_hash(h[0], prompt[4:8]), prompt[8:12])]
+    assert set(lower.blocks) == {h[1], h[2]} and isinstance(events[-1], BlockRemoved)
+    m = cache.match_and_load(prompt, 3)
+    assert m.num_blocks == 3 and m.blocks[0] == blocks[0]
+    assert [x for x, _ in lower.loaded] == [h[1], h[2]] and [b for _, b in lower.loaded] == m.blocks[1:]
+    assert isinstance(events[-1], BlockStored) and events[-1].block_hashes == (h[1], h[2])
+    assert cache.num_cached_blocks == 3 and cache.num_evictable_blocks == 3  # loaded, cached, unlocked
+    assert cache.match_prefix(prompt).num_blocks == 3
+
+
+def test_a_failed_load_stops_the_prefix_there_and_frees_its_block():
+    alloc = BlockAllocator(4)
+    lower = ListTier()
+    cache = RadixCache(alloc, BS, None, lower=lower)
+    prompt = list(range(1, 9))
+    lower.blocks[block_hash(ROOT_HASH, prompt[:4])] = (ROOT_HASH, (0, 0, 0, 0))  # a foreign block under that name
+    m = cache.match_and_load(prompt, 2)
+    assert m.num_blocks == 0 and alloc.num_free == 4 and cache.num_cached_blocks == 0
+
+
+def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tier(make_llm, prompt_ids, hf_reference, tmp_path):
+    """A pool too small to keep the article's prompts between turns: their prefix goes to the tier
+    and comes back, and every output is still transformers' float32 greedy output."""
+    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+    order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))  # long ones first, evicted later
+    first = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in order}
+    second = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in order}
+    for i in order:
+        assert first[i].token_ids == hf_reference[i], f"prompt {i}, first pass"
+        assert second[i].token_ids == hf_reference[i], f"prompt {i}, second pass"
+    tier = llm.engine.kv_tier
+    assert tier is not None and tier.stats.stored > 0 and tier.stats.loaded > 0 and tier.stats.rejected == 0
+    longest = order[0]  # evicted by the later prompts, reloaded on its second turn
+    assert second[longest].num_cached_tokens >= len(prompt_ids[longest]) // 2
+    assert sum(f.stat().st_size for f in tmp_path.iterdir()) <= 256 * 2**20
+    # A restarted node adopts its tier: the first turn after the restart reloads the prefix. (Write-back:
+    # what was still only in the pool is lost with the process; evicting it all writes it down first.)
+    llm.engine.prefix_cache.evict(llm.engine.num_blocks)
+    restarted = LLM(None, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
+    after = restarted.generate([prompt_ids[longest]], greedy)[0]
+    assert after.token_ids == hf_reference[longest]
+    assert after.num_cached_tokens >= len(prompt_ids[longest]) // 2
+    restarted.engine.check_block_integrity()
