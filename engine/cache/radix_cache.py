@@ -110,13 +110,20 @@ class RadixCache:
         limit = len(token_ids) // self.block_size if max_blocks is None else min(len(token_ids) // self.block_size,
                                                                                  max_blocks)
         node, blocks, loaded = m.node, list(m.blocks), []
+        names, parent = [], node.hash  # the run of following blocks the tier holds, by chained hash
+        for i in range(len(blocks), limit):
+            key = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            parent = block_hash(parent, key)
+            if parent not in self.lower:
+                break
+            names.append((parent, key))
+        if not names:
+            return m
         self.lock(node)  # the matched path must survive the evictions that make room below
         try:
-            for i in range(len(blocks), limit):
-                key = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
-                name = block_hash(node.hash, key)
-                if name not in self.lower or (self.allocator.num_free == 0 and self.evict(1) == 0):
-                    break
+            if len(names) > self.allocator.num_free:  # one eviction pass for the whole run
+                self.evict(len(names) - self.allocator.num_free)
+            for name, key in names[:self.allocator.num_free]:
                 (block,) = self.allocator.allocate(1)  # the tree's own reference
                 if not self.lower.load(name, node.hash, key, block):
                     self.allocator.decref([block])

@@ -156,3 +156,23 @@ def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tier(make
     assert after.token_ids == hf_reference[longest]
     assert after.num_cached_tokens >= len(prompt_ids[longest]) // 2
     restarted.engine.check_block_integrity()
+
+
+def test_loading_into_a_full_pool_evicts_least_recently_used_blocks_once_for_the_run():
+    alloc = BlockAllocator(3)
+    lower = ListTier()
+    cache = RadixCache(alloc, BS, None, lower=lower)
+    a, b = list(range(1, 9)), list(range(100, 112))  # two blocks, three blocks
+    blocks = alloc.allocate(2)
+    cache.insert(a, blocks)
+    alloc.decref(blocks)
+    cache.evict(2)  # a goes down to the tier
+    blocks = alloc.allocate(3)
+    cache.insert(b, blocks)
+    alloc.decref(blocks)  # the pool is full of b, all of it unlocked
+    m = cache.match_and_load(a, 2)
+    assert m.num_blocks == 2 and sorted(m.blocks) == sorted(b for _, b in lower.loaded)
+    b_hashes = [block_hash(ROOT_HASH, b[:4])]
+    b_hashes += [block_hash(b_hashes[0], b[4:8]), block_hash(block_hash(b_hashes[0], b[4:8]), b[8:12])]
+    assert b_hashes[1] in lower and b_hashes[2] in lower  # b's last two blocks made the room (written back)
+    assert cache.match_prefix(b).num_blocks == 1 and alloc.num_free == 0 and cache.num_cached_blocks == 3
