@@ -10,6 +10,8 @@ Exported (Ray adds the prefix `ray_`; counters also get `_total`), all tagged {n
   counters raypd_node_prefill_completions  raypd_node_prefill_failures   (prefill nodes; from stats)
            raypd_node_prefix_copies{direction=export|import|failed}     (prefill nodes; from stats)
            raypd_node_refused   requests refused at once for want of capacity (every role; from stats)
+           raypd_node_kv_tier_blocks{op=stored|loaded|rejected|evicted}  the KV tier below the pool
+           raypd_node_kv_tier_bytes{direction=written|read}              (engine/cache/kv_tier.py; from stats)
 
 stats() keeps running totals; observe() turns each total's growth since the last call into a counter
 increment, so it may be called at any rate, from any one place.
@@ -33,13 +35,17 @@ _GAUGES = {  # LoadReport field -> (metric, description)
     "prefill_tokens_per_s": ("prefill_tokens_per_second", "measured prefill speed (moving average)"),
 }
 # stats() path -> (counter, description, extra tags)
-_TOTALS = {
+_TOTALS: dict[tuple[str, ...], tuple[str, str, dict[str, str]]] = {
     ("completed",): ("prefill_completions", "prefills whose KV reached the decode node", {}),
     ("failed",): ("prefill_failures", "prefills that ended with an error", {}),
     ("prefix_copies", "exported"): ("prefix_copies", "node-to-node prefix copies", {"direction": "export"}),
     ("prefix_copies", "imported"): ("prefix_copies", "node-to-node prefix copies", {"direction": "import"}),
     ("prefix_copies", "failed"): ("prefix_copies", "node-to-node prefix copies", {"direction": "failed"}),
     ("refused",): ("refused", "requests refused at once for want of capacity (HTTP 429)", {}),
+    **{(f"kv_tier_{op}",): ("kv_tier_blocks", "KV blocks through the tier below the pool", {"op": op})
+       for op in ("stored", "loaded", "rejected", "evicted")},
+    ("kv_tier_bytes_written",): ("kv_tier_bytes", "bytes through the KV tier", {"direction": "written"}),
+    ("kv_tier_bytes_read",): ("kv_tier_bytes", "bytes through the KV tier", {"direction": "read"}),
 }
 TAGS = ("node", "role")
 

@@ -14,9 +14,9 @@ Exactness: each kernel computes in float32 and rounds to the tensor's dtype exac
 reference (engine/model/llama.py, rope.py) rounds (the _round calls), so bfloat16/float16 results
 equal torch's bit for bit (measured on an H200), except after an RMSNorm: the squares are summed in
 another order than torch's, so a normalised value can round 1 ulp apart (a few elements in 10^5),
-and the weight multiply can make that 2. The division and exp in silu are IEEE div.rn and libdevice's expf, as in torch's CUDA kernel (Triton's
-`/` and tl.exp are faster approximations), and FMA contraction is off, so float32 matches torch's
-separate multiply and add too.
+and the weight multiply can make that 2. The division and exp in silu are IEEE div.rn and
+libdevice's expf, as in torch's CUDA kernel (Triton's `/` and tl.exp are faster approximations),
+and FMA contraction is off, so float32 matches torch's separate multiply and add too.
 
 CUDA graphs: grids and block sizes come from shapes only, and nothing synchronises with the host.
 Positions must lie in [0, len(table)); they are not checked (that would need a synchronisation).

@@ -46,6 +46,19 @@ def test_counters_add_what_the_totals_grew_by():
     assert api["raypd_node_transfer_rooms"].value(node="raypd-prefill-0") == 1
 
 
+def test_kv_tier_totals_become_counters_by_operation():
+    api = FakeMetricsAPI()
+    m = NodeMetrics(api)
+    tier = {"kv_tier_stored": 5, "kv_tier_loaded": 2, "kv_tier_rejected": 1, "kv_tier_evicted": 0,
+            "kv_tier_bytes_written": 5000, "kv_tier_bytes_read": 2000}
+    m.observe(report("raypd-decode-0", "decode"), tier)
+    m.observe(report("raypd-decode-0", "decode"), {**tier, "kv_tier_loaded": 6, "kv_tier_bytes_read": 6000})
+    assert api["raypd_node_kv_tier_blocks"].value(op="stored") == 5
+    assert api["raypd_node_kv_tier_blocks"].value(op="loaded") == 6
+    assert api["raypd_node_kv_tier_blocks"].value(op="rejected") == 1
+    assert api["raypd_node_kv_tier_bytes"].value(direction="read") == 6000
+
+
 def test_decode_stats_without_prefill_totals_count_nothing():
     api = FakeMetricsAPI()
     m = NodeMetrics(api)
