@@ -30,9 +30,10 @@ from raypd.engine.kv_memory import (
     gpu_kv_bytes,
 )
 from raypd.engine.model import native_attention
+from raypd.engine.model.attention import paged_attention
 from raypd.engine.model.config import ModelConfig
 from raypd.engine.model.linear import LinearFactory, choose_linears
-from raypd.engine.model.llama import LlamaModel
+from raypd.engine.model.llama import TORCH_LAYER_OPS, Attention, LayerOps, LlamaModel
 from raypd.engine.model.native_attention import KernelUnavailable, NativeDecodeAttention
 from raypd.engine.model.source import resolve_model
 from raypd.engine.model.weights import load_weights
@@ -85,13 +86,14 @@ class LLMEngine:
         self.tokenizer = Tokenizer(self.model_dir)
         weights = load_weights(mc, self.model_dir, dtype, self.device)
         self.backend = choose_backend(cfg.attention_backend, self.device).backend
+        ops: LayerOps = TORCH_LAYER_OPS
+        attention: Attention = paged_attention
         if self.backend == "triton":
             from raypd.engine.gpu.layer_ops import TritonLayerOps  # imports Triton: only on this path
             from raypd.engine.gpu.triton_attention import TritonAttention
-            self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype),
-                                    ops=TritonLayerOps(), attention=TritonAttention(mc.head_dim))
-        else:
-            self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype))
+            ops, attention = TritonLayerOps(), TritonAttention(mc.head_dim)
+        self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype), ops=ops,
+                                attention=attention)
         del weights  # the model keeps what it uses (packed copies replace the projections)
         self.sampler = Sampler(self.device, cfg.seed)
         self.requests: dict[str, Request] = {}

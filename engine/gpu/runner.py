@@ -68,8 +68,10 @@ class CudaModelRunner:
     def run(self, batch: ScheduledBatch) -> list[int | None]:
         """One forward pass; returns the sampled token per item (None for a mid-prompt chunk)."""
         items = batch.items
-        decodes = [i for i, x in enumerate(items) if x.num_tokens == 1 and x.start > 0]
-        prefills = [i for i, x in enumerate(items) if not (x.num_tokens == 1 and x.start > 0)]
+        decodes: list[int] = []  # one token after earlier ones: a decode row (a 1-token chunk is one too)
+        prefills: list[int] = []
+        for i, x in enumerate(items):
+            (decodes if x.num_tokens == 1 and x.start > 0 else prefills).append(i)
         order = decodes + prefills
         graphs = self.graphs
         rows = decode_rows([items[i] for i in decodes], self.block_size) if decodes else None

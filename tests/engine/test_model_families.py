@@ -11,6 +11,7 @@ import asyncio
 import pytest
 import torch
 
+from raypd.benchmarks.family_parity import PROMPTS, hf_greedy
 from raypd.benchmarks.random_models import copy_tokenizer, tiny_family
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.engine import LLM, SamplingParams
@@ -21,7 +22,6 @@ from tests.node.pd import PATIENT, TokenSink, assert_idle, request, stop_nodes
 
 NEW = 16
 GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
-PROMPTS = [list(range(10, 15)), list(range(300, 400)), list(range(300, 380)) + [7, 7, 7]]
 FAMILIES = ("qwen2", "qwen3", "llama3")  # built by benchmarks/random_models.py's tiny_family
 
 
@@ -32,11 +32,7 @@ def family(request, tmp_path_factory, llm):
     folder = tmp_path_factory.mktemp(request.param)
     ref.save_pretrained(folder)
     copy_tokenizer(llm.engine.model_dir, folder)
-    with torch.inference_mode():
-        want = [ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
-                for ids in PROMPTS]
-    return folder, want
+    return folder, hf_greedy(ref, torch.device("cpu"), torch.float32, NEW)
 
 
 def test_greedy_equals_transformers_chunked_then_from_the_prefix_cache(family):
