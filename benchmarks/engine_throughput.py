@@ -16,7 +16,12 @@ random_models.py: a random-weight checkpoint in a real model's shapes, built in 
 - llama.cpp: closed loop over HTTP, C client threads, one llama-server with C slots per level.
 Each raypd measurement uses a fresh engine, so the prefix cache holds nothing from earlier runs.
 On CUDA every step is timed (engine/gpu/step_timer.py): per decode step, its CPU time (wall time less
-the wait for the GPU) and the GPU's busy time (CUDA events), for graph replays and eager steps apart.
+the wait for the GPU) and the GPU's busy time (CUDA events), for graph replays and eager steps apart
+(with overlap scheduling, on by default, a call's wait is for the step before, which ran meanwhile);
+the kernels one decode step launches are counted (torch.profiler, at the highest concurrency).
+Each level also reports its slowest steps, the garbage collector's pauses and every Triton kernel
+compiled during the measured run (engine/gc_pauses.py, engine/gpu/triton_compiles.py): outliers
+with their causes. Each engine's start-up heap is frozen before it is measured, as a node actor's is.
 --fp32-agreement also runs raypd in float32 without quantization at the highest concurrency and
 states how far every other system's greedy tokens agree with it (the reference the parity tests
 hold to transformers): the share of tokens before each request's first difference, and the share
@@ -31,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import os
 import platform
@@ -51,8 +55,11 @@ from raypd.benchmarks.random_models import resolve_bench_model
 from raypd.benchmarks.workloads import BenchRequest, greedy_agreement, no_reuse_workload
 from raypd.engine import LLMEngine, SamplingParams
 from raypd.engine.device import resolve_device, resolve_dtype
+from raypd.engine.gc_pauses import GcPauses, freeze_heap, thaw_heap
+from raypd.engine.gpu.cuda_graphs import DecodeInputs
 from raypd.engine.gpu.runner import CudaModelRunner
 from raypd.engine.gpu.step_timer import StepTimer
+from raypd.engine.gpu.triton_compiles import TritonCompiles
 from raypd.engine.model.quantization import QUANTIZATIONS
 from raypd.engine.tokenizer import Tokenizer
 
@@ -87,7 +94,8 @@ def make_engine(args) -> LLMEngine:
     batch = {k: getattr(args, k) for k in ("max_num_batched_tokens", "chunked_prefill_size") if getattr(args, k) is not None}
     eng = LLMEngine(str(args.model_dir), max_running_requests=max(64, max(args.concurrency)), num_threads=args.threads,
                     dtype=args.dtype, cpu_kernels=args.cpu_kernels, quantization=args.quantization, device=args.device,
-                    attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, **batch)
+                    attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+                    disable_overlap_schedule=args.disable_overlap_schedule, **batch)
     if eng.device.type == "cuda" and isinstance(eng.runner, CudaModelRunner):
         eng.runner.timer = StepTimer()
     return eng
@@ -98,12 +106,52 @@ def step_times(eng: LLMEngine, walls: list[float]) -> dict[str, Any]:
     timer = getattr(eng.runner, "timer", None)
     if timer is None or len(timer.steps) != len(walls):
         return {}
+    torch.cuda.synchronize()  # the GPU times read events: the last step's must have completed
     out: dict[str, Any] = {}
     for kind in sorted({t.kind for t in timer.steps}):
         rows = [(w - t.wait_s, t.gpu_s) for t, w in zip(timer.steps, walls) if t.kind == kind]
         out[kind] = {"steps": len(rows), "cpu_ms_p50": 1e3 * statistics.median(c for c, _ in rows),
                      "gpu_ms_p50": 1e3 * statistics.median(g for _, g in rows)}
     return out
+
+
+def slowest_steps(eng: LLMEngine, walls: list[float], n: int = 5) -> list[dict[str, Any]]:
+    """The n longest steps by wall time, with their kind and GPU time where the runner timed them."""
+    timer = getattr(eng.runner, "timer", None)
+    timed = timer.steps if timer is not None and len(timer.steps) == len(walls) else None
+    order = sorted(range(len(walls)), key=lambda i: walls[i], reverse=True)[:n]
+    return [{"step": i, "wall_ms": 1e3 * walls[i],
+             **({"kind": timed[i].kind, "gpu_ms": 1e3 * timed[i].gpu_s} if timed is not None else {})} for i in order]
+
+
+def kernels_per_decode_step(eng: LLMEngine, rows: int) -> dict[str, Any]:
+    """The CUDA kernels one eager decode forward of `rows` sequences launches (torch.profiler): what a
+    graph replay launches as one. Padding rows (slot -1, no context) launch what real ones do."""
+    runner = eng.runner
+    if eng.device.type != "cuda" or not isinstance(runner, CudaModelRunner):
+        return {}
+    from collections import Counter
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    dev = eng.device
+    inputs = DecodeInputs(torch.zeros(rows, dtype=torch.int64, device=dev), torch.zeros(rows, dtype=torch.int64, device=dev),
+                          torch.full((rows,), -1, dtype=torch.int64, device=dev), torch.zeros(rows, dtype=torch.int32, device=dev),
+                          torch.zeros((rows, 16), dtype=torch.int32, device=dev))
+    with torch.inference_mode():
+        runner.decode_forward(inputs)
+        torch.cuda.synchronize(dev)
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                runner.decode_forward(inputs)
+                torch.cuda.synchronize(dev)
+        except Exception as e:  # noqa: BLE001  (a profiler that cannot start here is a note, not a failure)
+            return {"error": repr(e)}
+    names = Counter(e.name for e in prof.events() if e.device_type == DeviceType.CUDA)
+    total = sum(names.values())
+    layers = eng.model_config.num_layers
+    return {"rows": rows, "kernels": total, "per_layer": total / layers, "layers": layers,
+            "by_kernel": dict(names.most_common(12))}
 
 
 def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int,
@@ -123,10 +171,13 @@ def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int,
     start = time.perf_counter()
     for _ in range(conc):
         submit()
+    timer = getattr(eng.runner, "timer", None)
     while eng.has_unfinished():
         t0 = time.perf_counter()
         outs = eng.step()
         now = time.perf_counter()
+        if timer is not None:
+            timer.close_call()
         if walls is not None:
             walls.append(now - t0)
         for o in outs:
@@ -150,9 +201,10 @@ def warm_raypd(eng: LLMEngine) -> None:
 
 
 def fresh_engine(args) -> LLMEngine:
-    gc.collect()
+    thaw_heap()  # the last engine's frozen objects (and any of its cycles) go now
     eng = make_engine(args)
     warm_raypd(eng)
+    freeze_heap()
     return eng
 
 
@@ -221,6 +273,9 @@ PROFILE_TARGETS = {  # name -> (file suffix, function name)
     "schedule": ("engine/scheduler.py", "schedule"),
     "scheduler_update": ("engine/scheduler.py", "update"),
     "runner_run": ("engine/model_runner.py", "run"),
+    "gpu_runner_run": ("engine/gpu/runner.py", "run"),
+    "gpu_eager": ("engine/gpu/runner.py", "_eager"),
+    "graph_replay": ("engine/gpu/cuda_graphs.py", "run"),
     "forward": ("engine/model/llama.py", "forward"),
     "paged_attention": ("engine/model/attention.py", "paged_attention"),
     "decode_kernel": ("engine/model/native_attention.py", "__call__"),
@@ -243,16 +298,18 @@ def profile_raypd(args, work: list[BenchRequest], conc: int, dump: Path) -> dict
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # set by Stats(), missing from typeshed
     cum = {k: sum(v[3] for (f, _, n), v in stats.items() if f.replace(os.sep, "/").endswith(sfx) and n == fn)
            for k, (sfx, fn) in PROFILE_TARGETS.items()}
+    run = cum["runner_run"] + cum["gpu_runner_run"]  # the CPU runner's or the CUDA runner's
     parts = {
         "model_forward": cum["forward"],
         "  of which projections (linear.py, incl. LM head)": cum["linear"],
         "  of which paged_attention": cum["paged_attention"],
         "    of which the native decode kernel": cum["decode_kernel"],
         "sampler_sample": cum["sample"],
-        "tensor_building (runner.run - forward - sample)": cum["runner_run"] - cum["forward"] - cum["sample"],
+        "graph_replay (CUDA: rows copied in, graph launched)": cum["graph_replay"],
+        "tensor_building (runner.run - forward - replay - sample)": run - cum["forward"] - cum["graph_replay"] - cum["sample"],
         "scheduler_schedule": cum["schedule"],
         "scheduler_update": cum["scheduler_update"],
-        "rest_of_step": cum["step"] - cum["runner_run"] - cum["schedule"] - cum["scheduler_update"],
+        "rest_of_step": cum["step"] - run - cum["schedule"] - cum["scheduler_update"],
         "outside_step (benchmark loop)": wall - cum["step"],
     }
     top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
@@ -324,6 +381,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "embedded model's)")
     ap.add_argument("--attention-backend", choices=["auto", "triton", "torch"], default="auto")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--disable-overlap-schedule", action="store_true",
+                    help="no overlap scheduling (engine/overlap.py): each step waits for its own GPU work")
     ap.add_argument("--hf-max-batches", type=int, help="transformers runs at most this many batches per level")
     ap.add_argument("--quantization", choices=list(QUANTIZATIONS), default="none",
                     help="raypd's weight format (EngineConfig.quantization); int8-g32 holds a GGUF's Q4/Q8 groups exactly")
@@ -377,10 +436,18 @@ def main(argv: list[str] | None = None) -> dict:
             if "raypd" in args.systems:
                 eng = fresh_engine(args)
                 walls: list[float] = []
-                recs, wall = run_raypd(eng, work, c, walls)
+                with GcPauses() as pauses, TritonCompiles() as compiles:
+                    recs, wall = run_raypd(eng, work, c, walls)
                 s = summarize(recs, wall)
                 s["cached_prompt_tokens"] = sum(r["cached"] for r in recs)
                 s["step_times"] = step_times(eng, walls)
+                s["slowest_steps"] = slowest_steps(eng, walls)
+                s["gc"] = pauses.summary()
+                s["triton_compiles"] = compiles.summary()
+                if c == max(args.concurrency) and rep == 0:
+                    kernels = kernels_per_decode_step(eng, min(c, eng.config.max_running_requests))
+                    if kernels:
+                        info["kernels_per_decode_step"] = kernels
                 del eng
                 reps["raypd"].setdefault(str(c), []).append(s)
                 outs["raypd"] = recs
@@ -402,7 +469,17 @@ def main(argv: list[str] | None = None) -> dict:
             for kind, t in reps["raypd"][str(c)][-1].get("step_times", {}).items() if "raypd" in reps else ():
                 print(f"    raypd {kind} steps: {t['steps']}, CPU {t['cpu_ms_p50']:.2f} ms, GPU busy "
                       f"{t['gpu_ms_p50']:.2f} ms (medians)", flush=True)
+            if "raypd" in outs:
+                last = reps["raypd"][str(c)][-1]
+                slow = ", ".join(f"{x['wall_ms']:.1f} ms ({x.get('kind', 'step')})" for x in last["slowest_steps"])
+                print(f"    raypd slowest steps: {slow}; GC: {last['gc']['full_collections']} full collections, "
+                      f"longest pause {last['gc']['max_ms']:.1f} ms; Triton compiles in the run: "
+                      f"{last['triton_compiles']['count']} ({last['triton_compiles']['total_s']:.2f} s)", flush=True)
 
+    if "kernels_per_decode_step" in info:
+        k = info["kernels_per_decode_step"]
+        print(f"  one decode step of {k.get('rows')} sequences launches {k.get('kernels')} kernels "
+              f"({k.get('per_layer', 0):.1f} per layer): {k.get('by_kernel', k.get('error'))}")
     results = {n: {c: median_summary(v) for c, v in per.items()} for n, per in reps.items()}
     for peer in ("hf", "llamacpp"):
         for c, s in results.get("raypd", {}).items() if peer in results else ():

@@ -7,6 +7,8 @@ tells us what works. Steps, each with its own timeout, each run whatever the pre
                    GPUs torch sees (name, memory, compute capability, bf16)
     engine         greedy tokens on the device (--dtype auto, then float32) against the engine on
                    the CPU in float32 (the parity reference): share of identical tokens, first tokens
+    full-context   max_running_requests requests at the model's full context, all at once, the KV
+                   pool sized by utilization: every one finishes, no out-of-memory, no leaked block
     bench-engine   `raypd bench engine --systems raypd --device DEVICE [--model MODEL]` at concurrency 1 and 32
     generate-pd    `raypd generate --mode pd`, 1 prefill + 1 decode node sharing the one GPU
                    (--gpus-per-node 0.5), greedy tokens against the engine step's
@@ -34,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raypd.benchmarks.serve.systems import Launched
 from raypd.benchmarks.workloads import greedy_agreement
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "List three prime numbers:",
@@ -101,8 +102,49 @@ def engine_step(args, reference: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def full_context(model: str | None, device: str, requests: int | None = None, max_tokens: int = 32,
+                 context: int | None = None, **engine_options: Any) -> dict[str, Any]:
+    """The engine at its model's full context (or `context` tokens, when smaller) under load:
+    `requests` (default: the device's max_running_requests) prompts of distinct tokens that fill the
+    context but for max_tokens, all
+    added at once, the KV pool sized by --gpu-memory-utilization as a node's is. Every request must
+    finish with all its tokens (retractions allowed): an out-of-memory error, a short request or a
+    leaked block fails the step. What the KV sizing promises (engine/kv_memory.py)."""
+    import numpy as np
+
+    from raypd.engine import LLMEngine, SamplingParams
+    engine = LLMEngine(model, device=device, **engine_options)
+    rows = requests or engine.config.max_running_requests
+    context = min(context or engine.model_config.max_position_embeddings, engine.model_config.max_position_embeddings)
+    prompt_len = context - max_tokens - 1
+    rng = np.random.default_rng(0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(rows):
+        engine.add_request(rng.integers(0, engine.model_config.vocab_size, prompt_len).tolist(), params, f"full-{i}")
+    tokens: dict[str, int] = {}
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens[o.request_id] = tokens.get(o.request_id, 0) + len(o.new_token_ids)
+    wall = time.perf_counter() - t0
+    short = [rid for rid in (f"full-{i}" for i in range(rows)) if tokens.get(rid) != max_tokens]
+    if short:
+        raise AssertionError(f"{len(short)} of {rows} requests did not get their {max_tokens} tokens: {short[:4]}")
+    engine.check_block_integrity()
+    out: dict[str, Any] = {"requests": rows, "prompt_tokens": prompt_len, "context": context, "seconds": round(wall, 2),
+                           "kv_blocks": engine.num_blocks, "kv_tokens": engine.num_blocks * engine.config.block_size,
+                           "retractions": engine.scheduler.num_retractions, "backend": engine.backend}
+    if engine.device.type == "cuda":
+        import torch
+        out["max_allocated_gib"] = round(torch.cuda.max_memory_allocated(engine.device) / 2**30, 2)
+        free, total = torch.cuda.mem_get_info(engine.device)
+        out["device_used_gib"] = round((total - free) / 2**30, 2)
+    return out
+
+
 def run_command(cmd: list[str], log: Path, timeout_s: float) -> str:
     """Run a raypd command in its own process group; stop everything it started, by pid, always."""
+    from raypd.benchmarks.serve.systems import Launched  # psutil: not needed by the engine steps
     proc = Launched.start(log.stem, cmd, 0, log)
     deadline = time.monotonic() + timeout_s
     try:
@@ -190,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="raypd-gpu-smoke-") as tmp:
             workdir = Path(tmp)
             steps += [run_step("engine", lambda: engine_step(args, reference)),
+                      run_step("full-context", lambda: full_context(
+                          args.model, args.device, *((4, 16, 256) if args.quick else ()))),
                       run_step("bench-engine", lambda: bench_engine_step(args, workdir)),
                       run_step("generate-pd", lambda: generate_pd_step(args, workdir, reference))]
         code = 0 if all(s.ok for s in steps) else 1

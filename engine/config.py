@@ -60,6 +60,9 @@ class EngineConfig:
     # CUDA graphs for decode-only steps (engine/gpu/cuda_graphs.py) are captured on CUDA with the
     # triton backend unless this is set.
     enforce_eager: bool = False
+    # Overlap scheduling (engine/overlap.py): greedy decode-only steps replayed from the graphs are
+    # scheduled and launched while the GPU still runs the previous one. This turns it off.
+    disable_overlap_schedule: bool = False
     seed: int = 0  # draws the sampling seed of each request that brings none
     # Share of running requests' remaining max_tokens kept free at admission (decays to the minimum
     # each step, jumps back after a retraction). Lower admits more and risks retraction.

@@ -39,9 +39,10 @@ from raypd.engine.model.source import resolve_model
 from raypd.engine.model.weights import load_weights
 from raypd.engine.model_runner import ModelRunner
 from raypd.engine.outputs import BlockAccounting, StepOutput
+from raypd.engine.overlap import PENDING, LaunchedDecode
 from raypd.engine.request import Request, RequestStatus
 from raypd.engine.sampler import Sampler
-from raypd.engine.scheduler import Scheduler, SchedulerConfig
+from raypd.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from raypd.engine.tokenizer import Tokenizer
 from raypd.protocol.kv_events import KVEventCallback
 from raypd.protocol.sampling_params import SamplingParams
@@ -101,6 +102,9 @@ class LLMEngine:
         self.last_step_tokens = 0  # tokens the last step computed (node load reports use it)
         self._left_waiting = 0     # requests the last step's schedule did not admit
         self._ids = itertools.count()
+        # Overlap scheduling (engine/overlap.py): the decode step in flight, on the CUDA runner only.
+        self._inflight: LaunchedDecode | None = None
+        self._overlap = not cfg.disable_overlap_schedule
 
         per_block = PagedKVCache.bytes_per_block(mc, cfg.block_size, dtype)
         if cfg.num_blocks is not None:
@@ -332,6 +336,11 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
         if req is not None:
+            inflight = self._inflight
+            if inflight is not None and inflight.done is not None and any(x.request is req for x in inflight.items):
+                # Its blocks may be handed to a KV transfer next, which no CUDA stream orders after
+                # the step still writing them: let that step finish first.
+                inflight.done.synchronize()
             self.scheduler.abort(req)
             self.sampler.release(request_id)
 
@@ -340,9 +349,19 @@ class LLMEngine:
 
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        """Schedule, run, update: the outputs of one step. On the CUDA runner, with overlap
+        scheduling, the outputs of the previous step while the next one runs (_step_overlapped)."""
+        if self._overlap and isinstance(self.runner, CudaModelRunner):
+            return self._step_overlapped(self.runner)
+        return self._run(self._schedule())
+
+    def _schedule(self) -> ScheduledBatch:
         batch = self.scheduler.schedule()
         self.last_step_tokens = batch.num_tokens
         self._left_waiting = len(self.scheduler.waiting)
+        return batch
+
+    def _run(self, batch: ScheduledBatch) -> list[StepOutput]:
         if not batch:
             return []
         sampled = self.runner.run(batch)
@@ -356,15 +375,50 @@ class LLMEngine:
             outputs.append(self._emit(req, token))
         return outputs
 
-    def _emit(self, req: Request, token: int) -> StepOutput:
+    def _step_overlapped(self, runner: CudaModelRunner) -> list[StepOutput]:
+        """step() one decode step ahead of the host (engine/overlap.py, where the order is drawn)."""
+        outputs: list[StepOutput] = []
+        inflight = self._inflight
+        if inflight is not None and any(x.start + 2 >= x.request.max_total_tokens for x in inflight.items):
+            outputs, inflight = self._collect(runner, inflight), None  # a request ends by length: compute nothing past it
+        batch = self._schedule()
+        if batch and runner.can_launch_ahead(batch.items):
+            self._inflight = runner.launch_ahead(batch.items, inflight)
+            self.scheduler.update(batch)
+            for x in batch.items:
+                x.request.token_ids.append(PENDING)
+            return outputs + (self._collect(runner, inflight) if inflight is not None else [])
+        self._inflight = None
+        if inflight is not None:
+            outputs += self._collect(runner, inflight)
+            batch.items = [x for x in batch.items if not x.request.status.is_finished]  # ended by the collect
+        return outputs + self._run(batch)
+
+    def _collect(self, runner: CudaModelRunner, launched: LaunchedDecode) -> list[StepOutput]:
+        """Wait for a launched decode step's tokens, put each in place of its PENDING, emit them."""
+        outputs = []
+        for item, token in zip(launched.items, runner.collect(launched)):
+            req = item.request
+            if req.status.is_finished:  # aborted, or ended by the step before: its token is dropped
+                continue
+            req.token_ids[item.start + 1] = token
+            outputs.append(self._emit(req, token, item.start + 2))
+        return outputs
+
+    def _emit(self, req: Request, token: int, num_tokens: int | None = None) -> StepOutput:
+        """num_tokens: the request's tokens up to this one (default: all it has; with overlap
+        scheduling a PENDING one may follow, dropped if this one ends the request)."""
         if req.prefill_only:
             self.scheduler.hold(req)
             return StepOutput(req.request_id, [token], True, "prefilled", req.num_cached_tokens or 0)
-        status = self._stop_status(req, token, req.max_total_tokens)
-        if status is not None:
-            self.scheduler.finish(req, status)
-            self.sampler.release(req.request_id)
-            del self.requests[req.request_id]
+        count = req.num_tokens if num_tokens is None else num_tokens
+        status = self._stop_status(req, token, req.max_total_tokens, count)
+        if status is None:  # most tokens: the request goes on
+            return StepOutput(req.request_id, [token], False, None, req.num_cached_tokens or 0)
+        del req.token_ids[count:]
+        self.scheduler.finish(req, status)
+        self.sampler.release(req.request_id)
+        del self.requests[req.request_id]
         return StepOutput(req.request_id, [token], req.status.is_finished, req.status.finish_reason,
                           req.num_cached_tokens or 0)
 
@@ -374,15 +428,16 @@ class LLMEngine:
         says). A prefill node asks of the first token it holds: the decode node will end the request with it."""
         req = self.requests[request_id]
         limit = self._token_limit(req.num_prompt_tokens, req.params.max_tokens)
-        return self._stop_status(req, token, limit) is not None
+        return self._stop_status(req, token, limit, req.num_tokens) is not None
 
     @staticmethod
-    def _stop_status(req: Request, token: int, max_total_tokens: int) -> RequestStatus | None:
-        """The one stop check: how `token`, the request's latest, ends it within `max_total_tokens`
-        (its own limit when it runs here; ends_with passes the limit its decode side will judge by)."""
+    def _stop_status(req: Request, token: int, max_total_tokens: int, num_tokens: int) -> RequestStatus | None:
+        """The one stop check: how `token`, the request's latest of num_tokens, ends it within
+        `max_total_tokens` (its own limit when it runs here; ends_with passes the limit its decode
+        side will judge by)."""
         if token in req.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if req.num_tokens >= max_total_tokens:
+        if num_tokens >= max_total_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
 

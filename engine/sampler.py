@@ -68,6 +68,18 @@ class Sampler:
             tokens[i] = int((probs[j] / self.noise(reqs[i], probs.shape[1])).argmax())
         return tokens
 
+    @staticmethod
+    def defers(reqs: list[Request]) -> bool:
+        """Whether these requests' tokens can be drawn on the device without the host (greedy()):
+        all greedy, no penalty reading the token history (overlap scheduling, engine/overlap.py)."""
+        return all(r.params.greedy and not r.params.has_penalties for r in reqs)
+
+    @staticmethod
+    def greedy(logits: torch.Tensor) -> torch.Tensor:
+        """The greedy tokens of requests that defers() accepted, left on the device: what sample()
+        returns for them, without the host synchronisation."""
+        return logits.argmax(dim=-1)
+
     def noise(self, req: Request, vocab_size: int) -> torch.Tensor:
         """The Exp(1) noise of the request's next draw, at position len(req.token_ids)."""
         self._noise_generator.manual_seed(noise_seed(self._seed(req), req.num_tokens))

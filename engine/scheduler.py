@@ -102,8 +102,10 @@ class Scheduler:
         req.status = RequestStatus.FINISHED_ABORTED
 
     def finish(self, req: Request, status: RequestStatus) -> None:
-        if req.status != RequestStatus.PREFILLED:
+        if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
+        elif req.status == RequestStatus.WAITING:  # retracted while its last token was in flight (engine/overlap.py)
+            self.waiting.remove(req)
         self._release(req, cache=self.config.enable_prefix_cache)
         req.status = status
 
@@ -131,10 +133,19 @@ class Scheduler:
         retracted: list[Request] = []
 
         # Decodes before chunked prefills so a long prompt never starves token generation.
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for r in self.running:
+            (decodes if len(r.token_ids) - r.num_computed_tokens == 1 else prefills).append(r)
+        bs = cfg.block_size
         for req in decodes:
-            budget = self._run(req, budget, scheduled, retracted)
+            # Most decode tokens fit the last block: no allocation, no retraction (the fast path,
+            # which is what a step of hundreds of decodes spends its host time on); _run does the rest.
+            if budget > 0 and req.status == RequestStatus.RUNNING and req.num_computed_tokens < len(req.block_table) * bs:
+                scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, 1)
+                budget -= 1
+            else:
+                budget = self._run(req, budget, scheduled, retracted)
         # Prompt tokens (chunked prefills, admissions) take at most max_prefill_tokens_per_step of
         # what the decodes left: a decode node prefilling a prompt itself keeps its steps short. With
         # no decode in the step there is no token latency to protect: prompts get the whole budget.
@@ -155,12 +166,13 @@ class Scheduler:
              retracted: list[Request]) -> int:
         """Schedule a running request's next tokens, retracting the newest running ones while the
         pool is dry (possibly `req` itself); the budget left."""
-        if req not in self.running:  # retracted earlier in this step
+        if req.status != RequestStatus.RUNNING:  # retracted earlier in this step
             return budget
         n = self._chunk(req, budget)
         if n <= 0:
             return budget
-        while not self._make_room(self._blocks_needed(req, n)):
+        need = self._blocks_needed(req, n)  # 0 for most decode tokens: the last block has room
+        while need and not self._make_room(need):
             victim = self.running[-1]
             if victim in scheduled:
                 budget += scheduled.pop(victim).num_tokens
@@ -169,7 +181,8 @@ class Scheduler:
             retracted.append(victim)
             if victim is req:
                 return budget
-        self._grow(req, n)
+        if need:
+            req.block_table.extend(self.allocator.allocate(need))
         scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
         return budget - n
 

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from raypd.engine.engine import LLMEngine
+from raypd.engine.gc_pauses import freeze_heap
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
@@ -60,7 +61,11 @@ class NodeCore:
         options = dict(engine_options or {})
         # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
         options.setdefault("num_threads", max(1, int(num_cpus)))
-        options["device"] = node_device(options.get("device", "auto"), GpuAssignment.of_this_actor(), name)
+        assignment = GpuAssignment.of_this_actor()
+        options["device"] = node_device(options.get("device", "auto"), assignment, name)
+        # A Ray actor has its worker process to itself and builds one engine in it: its start-up heap
+        # can be frozen (engine/gc_pauses.py). One-process use (tests) builds many: it is not.
+        self._owns_process = assignment is not None
         self.name = name
         self.role = role
         # The Ray-callable chaos hooks (crash_engine, fail_requests) answer only when the node was built
@@ -91,6 +96,9 @@ class NodeCore:
         """Start the engine thread serving `duty` (built on this core)."""
         self._duty = duty
         self._publish(force=True)  # before the thread runs: a probe always finds a report
+        if self._owns_process:
+            log.info("node %s: %d start-up objects frozen out of the garbage collector's walks", self.name,
+                     freeze_heap())
         self.loop.start()
 
     def transfer_config(self, options: dict | None) -> TransferConfig:

@@ -41,6 +41,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="attention and layer kernels: triton reads KV blocks in place and fuses the norms, rotary and "
                         "SwiGLU (CUDA); torch is the reference path; auto = triton on CUDA when Triton imports")
     e.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    e.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="no overlap scheduling: each step's host work waits for the previous step's GPU work")
     e.add_argument("--quantization", choices=["none", "int8", "int8-g32"], default="none",
                    help="weight-only int8 projections, activations in --dtype: int8 = a scale per output channel, "
                         "int8-g32 = a scale and offset per 32 weights (exact for a GGUF's Q4/Q8 groups)")
@@ -53,7 +55,8 @@ def engine_options(args: argparse.Namespace) -> dict:
     options = dict(block_size=args.block_size, schedule_policy=args.schedule_policy,
                    enable_prefix_cache=not args.no_prefix_cache, dtype=args.dtype, device=args.device,
                    cpu_kernels=args.cpu_kernels, quantization=args.quantization,
-                   attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+                   attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+                   disable_overlap_schedule=args.disable_overlap_schedule)
     # Unset: EngineConfig's default, or the device kind's for the batch sizes.
     for name in ("kv_tier_dir", "kv_tier_size_mb", "num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
                  "max_num_batched_tokens", "max_running_requests", "max_waiting_requests"):

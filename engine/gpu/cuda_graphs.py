@@ -116,9 +116,18 @@ class DecodeGraphs:
         self.max_blocks = max_blocks
         self.device = device
         # Host staging (pinned on CUDA, so the copies are asynchronous DMA) and the device buffers.
+        # Two staging sets, used in turn: with overlap scheduling a step's rows are written while
+        # the previous step's copies may still wait in the stream (they have run by the step after,
+        # whose host work begins after that step's tokens were waited for).
         pin = device.type == "cuda"
-        self._host = DecodeInputs(*(torch.zeros(shape, dtype=dtype, pin_memory=pin) for shape, dtype in self._shapes()))
+        self._hosts = [DecodeInputs(*(torch.zeros(shape, dtype=dtype, pin_memory=pin) for shape, dtype in self._shapes()))
+                       for _ in range(2)]
         self.static = DecodeInputs(*(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self._shapes()))
+        # Overlap scheduling (engine/overlap.py): per row, where its input token is in the previous
+        # step's device tokens (-1: the host knows it), staged like the inputs.
+        self._host_sources = [torch.zeros(self.sizes[-1], dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._sources = torch.zeros(self.sizes[-1], dtype=torch.int64, device=device)
+        self._turn = 0
         self._graphs: dict[int, tuple[CapturedStep, torch.Tensor]] = {}
         for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool
             self._graphs[size] = factory.capture(self._bound(forward, size))
@@ -137,13 +146,16 @@ class DecodeGraphs:
         blocks can replay a graph."""
         return n <= self.sizes[-1] and widest_table <= self.max_blocks
 
-    def run(self, rows: DecodeHostRows) -> torch.Tensor:
+    def run(self, rows: DecodeHostRows, previous: torch.Tensor | None = None,
+            sources: np.ndarray | None = None) -> torch.Tensor:
         """Replay the bucket for rows; returns the logits of the real rows, [n, vocab] (a view of the
-        graph's output buffer: valid until the next replay)."""
+        graph's output buffer: valid until the next replay). previous, sources (overlap scheduling):
+        row i's input token is previous[sources[i]] where sources[i] >= 0, taken on the device."""
         n = rows.input_ids.shape[0]
         size = bucket_for(n, self.sizes)
         assert size is not None and rows.tables.shape[1] <= self.max_blocks, "serves() was not asked"
-        host = self._host.rows(size)
+        self._turn ^= 1
+        host = self._hosts[self._turn].rows(size)
         for buf, real, pad in ((host.input_ids, rows.input_ids, 0), (host.positions, rows.positions, 0),
                                (host.slots, rows.slots, -1), (host.ctx_lens, rows.ctx_lens, 0)):
             view = buf.numpy()
@@ -156,6 +168,13 @@ class DecodeGraphs:
         for dst, src in zip((static.input_ids, static.positions, static.slots, static.ctx_lens, static.tables),
                             (host.input_ids, host.positions, host.slots, host.ctx_lens, host.tables)):
             dst.copy_(src, non_blocking=True)
+        if previous is not None and sources is not None:
+            staged = self._host_sources[self._turn][:n]
+            staged.numpy()[:] = sources
+            src = self._sources[:n]
+            src.copy_(staged, non_blocking=True)
+            ids = static.input_ids[:n]
+            ids.copy_(torch.where(src >= 0, previous[src.clamp(min=0)], ids))
         graph, out = self._graphs[size]
         graph.replay()
         return out[:n]

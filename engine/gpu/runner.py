@@ -15,6 +15,8 @@ the steps then launch the variants compiled at start (warm_up), never a new one 
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 import torch
 
@@ -24,6 +26,7 @@ from raypd.engine.gpu.step_timer import StepTimer
 from raypd.engine.gpu.triton_attention import PrefillChunks, TritonAttentionMetadata
 from raypd.engine.model.llama import LlamaModel
 from raypd.engine.model_runner import item_rows
+from raypd.engine.overlap import PENDING, LaunchedDecode
 from raypd.engine.sampler import Sampler
 from raypd.engine.scheduler import ScheduledBatch, ScheduledRequest
 
@@ -36,15 +39,19 @@ def padded_width(blocks: int) -> int:
 
 
 def decode_rows(items: list[ScheduledRequest], block_size: int, width: int | None = None) -> DecodeHostRows:
-    """The host rows of decode items (one token each); width: the tables' columns (default: the widest)."""
+    """The host rows of decode items (one token each); width: the tables' columns (default: the widest).
+    Every table's used entries go through numpy in one flat copy (hundreds of rows per step)."""
     n = len(items)
-    starts = np.fromiter((x.start for x in items), dtype=np.int64, count=n)
-    ids = np.fromiter((x.request.token_ids[x.start] for x in items), dtype=np.int64, count=n)
-    used = [-(-(s + 1) // block_size) for s in starts.tolist()]
-    tables = np.zeros((n, width or padded_width(max(used))), dtype=np.int32)
-    for i, (x, w) in enumerate(zip(items, used)):
-        tables[i, :w] = x.request.block_table[:w]
-    last = tables[np.arange(n), starts // block_size].astype(np.int64)
+    reqs = [x.request for x in items]
+    start_list = [x.start for x in items]
+    starts = np.array(start_list, dtype=np.int64)
+    ids = np.fromiter((r.token_ids[s] for r, s in zip(reqs, start_list)), dtype=np.int64, count=n)
+    used = starts // block_size + 1  # blocks up to and including the one the new token goes to
+    flat = np.fromiter(chain.from_iterable(r.block_table[:u] for r, u in zip(reqs, used.tolist())),
+                       dtype=np.int32, count=int(used.sum()))
+    tables = np.zeros((n, width or padded_width(int(used.max()))), dtype=np.int32)
+    tables[np.arange(tables.shape[1]) < used[:, None]] = flat  # row-major: each row's used columns
+    last = flat[np.cumsum(used) - 1].astype(np.int64)
     return DecodeHostRows(ids, starts, last * block_size + starts % block_size, (starts + 1).astype(np.int32), tables)
 
 
@@ -57,6 +64,10 @@ class CudaModelRunner:
         self.block_size = kv_cache.block_size
         self.graphs: DecodeGraphs | None = None  # set by the engine after capture (capture_graphs)
         self.timer: StepTimer | None = None      # set by benchmarks
+        # Overlapped steps' tokens reach the host here: two buffers used in turn, since one step's
+        # copy may land while the previous step's tokens are still being read (made on first use).
+        self._token_copies: list[torch.Tensor] = []
+        self._turn = 0
 
     def decode_forward(self, inputs: DecodeInputs) -> torch.Tensor:
         """The forward of a decode-only step whose every row samples: what the graphs capture."""
@@ -84,12 +95,14 @@ class CudaModelRunner:
         else:
             logits = self._eager(items, order, len(decodes), rows)
             kind = "eager-decode" if not prefills else "mixed" if decodes else "prefill"
-        if timer is not None:
-            timer.end(kind, len(decodes))
+        if timer is not None:  # the step's one synchronisation, a moment earlier and timed
+            timer.launched(kind, len(decodes))
+            timer.wait_launched()
         # Logit rows: one per decode row (a one-token chunk that does not sample is among them), then
         # one per sampling prefill chunk.
-        sampling = [i for i in order if items[i].samples]
-        keep = [j for j, i in enumerate(decodes) if items[i].samples]
+        samples = [x.samples for x in items]
+        sampling = [i for i in order if samples[i]]
+        keep = [j for j, i in enumerate(decodes) if samples[i]]
         if len(keep) != len(decodes):
             rest = len(sampling) - len(keep)
             logits = logits[torch.tensor(keep + list(range(len(decodes), len(decodes) + rest)), device=self.device)]
@@ -98,6 +111,59 @@ class CudaModelRunner:
         for i, t in zip(sampling, tokens):
             out[i] = t
         return out
+
+    def can_launch_ahead(self, items: list[ScheduledRequest]) -> bool:
+        """Whether a batch can run as an overlapped step (engine/overlap.py): decode rows only (one
+        token each after earlier ones), every one greedy without penalties, replayable from a graph."""
+        graphs = self.graphs
+        if graphs is None or not items:
+            return False
+        if not all(x.num_tokens == 1 and x.start > 0 for x in items) or not self.sampler.defers([x.request for x in items]):
+            return False
+        return graphs.serves(len(items), padded_width(max(x.start for x in items) // self.block_size + 1))
+
+    @torch.inference_mode()
+    def launch_ahead(self, items: list[ScheduledRequest], previous: LaunchedDecode | None) -> LaunchedDecode:
+        """Launch a decode step that can_launch_ahead() accepted and return at once: its greedy tokens
+        stay on the device, their copy to the host is under way. A row whose input token is PENDING
+        takes it from `previous` (the step in flight) on the device."""
+        assert self.graphs is not None
+        rows = decode_rows(items, self.block_size)
+        sources = None
+        if previous is not None:
+            where = previous.row_of()
+            sources = np.fromiter((where.get(id(x.request), -1) if x.request.token_ids[x.start] == PENDING else -1
+                                   for x in items), dtype=np.int64, count=len(items))
+        assert ((rows.input_ids != PENDING) | (sources >= 0 if sources is not None else False)).all(), \
+            "a PENDING input token that is not in the step in flight"
+        timer = self.timer
+        if timer is not None:
+            timer.begin()
+        logits = self.graphs.run(rows, previous.tokens if previous is not None else None, sources)
+        tokens = self.sampler.greedy(logits)
+        if timer is not None:
+            timer.launched("graph", len(items))
+        if not self._token_copies or self._token_copies[0].shape[0] < len(items):
+            size = self.graphs.sizes[-1]
+            self._token_copies = [torch.zeros(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                                  for _ in range(2)]
+        self._turn ^= 1
+        host = self._token_copies[self._turn][:len(items)]
+        host.copy_(tokens, non_blocking=True)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return LaunchedDecode(items, tokens, host, done)
+
+    def collect(self, launched: LaunchedDecode) -> list[int]:
+        """The launched step's tokens on the host: the one wait for the GPU of an overlapped step."""
+        if launched.done is not None:
+            if self.timer is not None:
+                self.timer.wait(launched.done)
+            else:
+                launched.done.synchronize()
+        return launched.host.tolist()
 
     def _eager(self, items: list[ScheduledRequest], order: list[int], num_decode: int,
                rows: DecodeHostRows | None) -> torch.Tensor:

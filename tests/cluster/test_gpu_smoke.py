@@ -1,6 +1,6 @@
 """`raypd bench gpu-smoke` on this CPU-only host: without CUDA it stops after the environment step
 with a clear reason and exit status 2; with `--device cpu --quick` every step runs for real (the
-engine, `raypd bench engine`, a 1P+1D `raypd generate --mode pd` on Ray) and leaves no process."""
+engine, the full-context load, `raypd bench engine`, a 1P+1D `raypd generate --mode pd` on Ray) and leaves no process."""
 from __future__ import annotations
 
 import json
@@ -33,7 +33,9 @@ def test_every_step_runs_on_the_cpu(tmp_path):
     report = json.loads(out.read_text())
     steps = {s["name"]: s for s in report["steps"]}
     assert code == 0 and report["passed"], [s["error"] for s in report["steps"] if not s["ok"]]
-    assert list(steps) == ["environment", "engine", "bench-engine", "generate-pd"]
+    assert list(steps) == ["environment", "engine", "full-context", "bench-engine", "generate-pd"]
+    full = steps["full-context"]["result"]  # --quick: 4 requests filling a 256-token context
+    assert (full["requests"], full["context"], full["prompt_tokens"]) == (4, 256, 256 - 16 - 1)
     # On the CPU, float32 is the reference itself and dtype auto is float32: identical tokens.
     for dtype in ("auto", "float32"):
         assert steps["engine"]["result"][dtype]["identical_token_share"] == 1.0

@@ -83,14 +83,19 @@ def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
     # The prompts must reach the decode node together to outgrow its memory together: arriving one by
     # one, each could finish before the next came and nothing would retract. So decode-1 stays frozen
     # until prefill-0 holds every prompt (computed early, waiting for a destination), and then all its
-    # generate() calls run at once.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        with paused(decode):
-            results = pool.submit(run_all, driver, prompt_ids, GREEDY, prefill=prefill, decode=decode)
-            wait_for(lambda: held(prefill) == len(prompt_ids), "every prompt on the prefill node")
-        check(results.result(timeout=300), hf_reference)
+    # generate() calls run at once. How far their decoding overlaps still depends on how the host
+    # schedules the processes (one full-suite run in about ten retracted nothing), so the batch runs
+    # again, every round checked, until decode-1 has retracted: at most three rounds.
+    for _ in range(3):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with paused(decode):
+                results = pool.submit(run_all, driver, prompt_ids, GREEDY, prefill=prefill, decode=decode)
+                wait_for(lambda: held(prefill) == len(prompt_ids), "every prompt on the prefill node")
+            check(results.result(timeout=300), hf_reference)
+        assert_idle(cluster.nodes)
+        if ray.get(decode.actor.stats.remote())["num_retractions"] > 0:
+            break
     assert ray.get(decode.actor.stats.remote())["num_retractions"] > 0
-    assert_idle(cluster.nodes)
 
 
 def test_the_first_token_comes_from_the_prefill_node_while_the_decode_node_is_frozen(cluster, prompt_ids,

@@ -26,6 +26,11 @@ def test_engine_benchmark_reports_both_systems(tmp_path):
         assert {"ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s"} <= s.keys()
     assert raypd["ratio_vs_hf"] == raypd["output_tok_s"] / hf["output_tok_s"]
     assert raypd["hf_identical_tokens_frac"] == 1.0  # greedy, float32: the same tokens
+    # The outliers and their causes: the slowest steps, the collector's pauses, Triton's compiles
+    # (none on the CPU path, and Triton's hooks are found).
+    assert 0 < len(raypd["slowest_steps"]) <= 5 and raypd["slowest_steps"][0]["wall_ms"] > 0
+    assert {"collections", "full_collections", "max_ms"} <= raypd["gc"].keys()
+    assert raypd["triton_compiles"]["count"] == 0
 
 
 @pytest.mark.serial  # it looks for llama-server processes anywhere on the machine

@@ -94,7 +94,7 @@ def test_triton_path_matches_the_torch_path(tiny_model_dir, torch_reference, gra
     runner = llm.engine.runner
     assert isinstance(runner, CudaModelRunner)
     if graphs:
-        runner.graphs = DecodeGraphs(runner.decode_forward, 4, 8, torch.device("cpu"), FakeGraphFactory())
+        runner.graphs = DecodeGraphs(runner.decode_forward, 4, 16, torch.device("cpu"), FakeGraphFactory())
     first = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     again = llm.generate(PROMPTS, GREEDY)  # from the prefix cache: chunks start past a cached prefix
     assert first == torch_reference
