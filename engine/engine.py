@@ -467,7 +467,7 @@ class LLMEngine:
         return {"num_blocks": acc.total, "free_blocks": acc.free, "cached_blocks": acc.cached,
                 "held_blocks": acc.held, "waiting": len(self.scheduler.waiting),
                 "running": len(self.scheduler.running), "reservations": len(self.reservations),
-                "num_retractions": self.scheduler.num_retractions,
+                "num_retractions": self.scheduler.num_retractions, "num_preemptions": self.scheduler.num_preemptions,
                 "num_evicted_blocks": self.prefix_cache.num_evicted_blocks,
                 **({f"kv_tier_{k}": v for k, v in dataclasses.asdict(self.kv_tier.stats).items()}
                    if self.kv_tier is not None else {})}

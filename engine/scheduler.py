@@ -16,6 +16,11 @@ One step, in order:
    (less a cached prefix), each less `srpt_aging_tokens_per_s` x the seconds since it reached the
    node. A 64-token prompt then starts at the next step instead of after every 1024-token prompt
    ahead of it, and aging bounds how long a long prompt can be passed over.
+Priority (SamplingParams.priority, lower is more urgent) comes before every policy: the waiting
+queue is ordered by priority, then by the policy's order. When the head of the queue cannot start
+for want of a running slot or of memory, the least urgent running request that is less urgent than
+it (the newest among equals) is preempted: back to the waiting queue, first of its priority, with
+its computed blocks left in the prefix cache, so it resumes from there (vLLM's priority policy).
 Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
 mixes decode tokens with prefill chunks (continuous batching). `max_prefill_tokens_per_step` caps
 the prompt tokens of a step that also decodes (a decode node that prefills prompts itself keeps
@@ -26,6 +31,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
 from raypd.engine.cache.block_allocator import BlockAllocator
@@ -47,6 +53,13 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     lpm_max_waiting: int = 128  # past this many waiting requests, lpm sorting costs too much: fcfs
+
+
+class Blocked(Enum):
+    """Why the head of the waiting queue cannot start now."""
+    BUDGET = "budget"  # the step's token budget is spent
+    SLOT = "slot"      # max_running_requests are running
+    MEMORY = "memory"  # its blocks, with the running requests' headroom, do not fit
 
 
 @dataclass(slots=True)
@@ -83,6 +96,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.new_token_ratio = config.init_new_token_ratio
         self.num_retractions = 0
+        self.num_preemptions = 0
 
     # -- queue operations -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -203,17 +217,23 @@ class Scheduler:
                 admitting = admitting and not retracted
             elif can_admit:
                 left = self._admit_one(budget, scheduled)
-                if left is None:
-                    admitting = False
+                if isinstance(left, Blocked):
+                    freed = None if left is Blocked.BUDGET else self._preempt_for(self.waiting[0], scheduled)
+                    if freed is None:
+                        admitting = False
+                    else:  # the preempted request waits now: it needs a key too
+                        budget += freed
+                        key.update(self._srpt_keys([]))
+                        self.waiting = deque(sorted(self.waiting, key=key.__getitem__))
                 else:
                     budget = left
             else:
                 break
         return budget
 
-    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, float]:
-        """Each prompt's uncomputed tokens (a waiting one's cached prefix counted as computed, when
-        the queue is short enough to look it up) less its aging credit."""
+    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, float]]:
+        """Each prompt's priority, then its uncomputed tokens (a waiting one's cached prefix counted
+        as computed, when the queue is short enough to look it up) less its aging credit."""
         cfg = self.config
         now, bs = time.monotonic(), cfg.block_size
         look_up = cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
@@ -222,7 +242,7 @@ class Scheduler:
             todo = r.num_tokens - r.num_computed_tokens
             if look_up and r.status == RequestStatus.WAITING and r.prefix_node is None:
                 todo -= self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks * bs
-            keys[r] = todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at)
+            keys[r] = (r.params.priority, todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
         return keys
 
     def update(self, batch: ScheduledBatch) -> None:
@@ -239,30 +259,34 @@ class Scheduler:
         self._sort_waiting()
         while self.waiting and budget > 0:
             left = self._admit_one(budget, scheduled)
-            if left is None:
-                break
-            budget = left
+            if isinstance(left, Blocked):
+                freed = None if left is Blocked.BUDGET else self._preempt_for(self.waiting[0], scheduled)
+                if freed is None:
+                    break
+                budget += freed
+            else:
+                budget = left
         return budget
 
-    def _admit_one(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int | None:
-        """Start the head of the waiting queue with up to `budget` tokens: the budget left, or None
-        when it cannot start now (no budget, running cap, memory or headroom)."""
+    def _admit_one(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int | Blocked:
+        """Start the head of the waiting queue with up to `budget` tokens: the budget left, or why it
+        cannot start now."""
         if len(self.running) >= self.config.max_running_requests:
-            return None
+            return Blocked.SLOT
         req = self.waiting[0]
         self._match_prefix(req)
         n = self._chunk(req, budget)
         # With chunking off a prompt may exceed the budget, but only as the step's only work.
         if n <= 0 or (n > budget and scheduled):
             self._drop_prefix(req)
-            return None
+            return Blocked.BUDGET
         need = self._blocks_needed(req, n)
         # Alone, a request always fits (checked when it was added), so it needs no headroom.
         headroom = self._reserved_blocks(self.running + [req]) if self.running else 0
         if self.allocator.num_free + self.cache.num_evictable_blocks - need < headroom \
                 or not self._make_room(need):
             self._drop_prefix(req)
-            return None
+            return Blocked.MEMORY
         self.waiting.popleft()
         req.status = RequestStatus.RUNNING
         if req.num_cached_tokens is None:
@@ -274,14 +298,36 @@ class Scheduler:
         return budget - n
 
     def _sort_waiting(self) -> None:
+        """Priority first, then lpm's longest cached prefix; a stable sort keeps arrival order (and a
+        preempted or retracted request first) among equals."""
         cfg = self.config
-        if cfg.schedule_policy != "lpm" or not cfg.enable_prefix_cache or len(self.waiting) > cfg.lpm_max_waiting:
+        lpm = cfg.schedule_policy == "lpm" and cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
+        first = self.waiting[0].params.priority if self.waiting else 0
+        if not lpm and all(r.params.priority == first for r in self.waiting):
             return
         bs = cfg.block_size
         match = {id(r): self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks
-                 for r in self.waiting}
-        # Stable sort: equal matches keep arrival order.
-        self.waiting = deque(sorted(self.waiting, key=lambda r: -match[id(r)]))
+                 for r in self.waiting} if lpm else {}
+        self.waiting = deque(sorted(self.waiting, key=lambda r: (r.params.priority, -match.get(id(r), 0))))
+
+    def _preempt_for(self, head: Request, scheduled: dict[Request, ScheduledRequest]) -> int | None:
+        """Make room for `head`: the least urgent running request that is less urgent than it (the
+        newest among equals) goes back to waiting (_requeue). Returns the tokens it had in this step,
+        or None when no running request is less urgent."""
+        victim = None
+        for r in reversed(self.running):
+            if r.params.priority > head.params.priority and (victim is None or r.params.priority > victim.params.priority):
+                victim = r
+        if victim is None:
+            return None
+        freed = 0
+        if victim in scheduled:
+            freed = scheduled.pop(victim).num_tokens
+            self._undo_growth(victim)
+        self._requeue(victim)
+        self.num_preemptions += 1
+        self._sort_waiting()  # the head is the urgent request again; the victim first of its priority
+        return freed
 
     def _reserved_blocks(self, reqs: list[Request]) -> int:
         tokens = sum(int(r.remaining_output_tokens * self.new_token_ratio) for r in reqs)
@@ -319,13 +365,20 @@ class Scheduler:
         self.allocator.decref(extra)
 
     def _retract(self, req: Request) -> None:
+        """The pool ran dry mid-step: the request goes back (_requeue), and admission keeps more
+        headroom from now on."""
+        self._requeue(req)
+        self.num_retractions += 1
+        self.new_token_ratio = self.config.init_new_token_ratio
+
+    def _requeue(self, req: Request) -> None:
+        """A running request back to the front of the waiting queue, its computed full blocks left in
+        the prefix cache: it is recomputed from there when it starts again."""
         self.running.remove(req)
         self._release(req, cache=self.config.enable_prefix_cache)
         req.status = RequestStatus.WAITING
         req.num_retractions += 1
-        self.num_retractions += 1
         self.waiting.appendleft(req)
-        self.new_token_ratio = self.config.init_new_token_ratio
 
     # -- prefix cache ---------------------------------------------------------------------------
     def _match_prefix(self, req: Request) -> None:

@@ -173,6 +173,7 @@ def _sampling_params(req: _SamplingFields, max_tokens: int, choice: int, limits:
         seed=None if req.seed is None else _nth_seed(req.seed, choice),
         stop_token_ids=stop_ids,
         ignore_eos=req.ignore_eos,
+        priority=req.priority or 0,
     )
 
 

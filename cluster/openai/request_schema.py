@@ -98,6 +98,8 @@ class _SamplingFields(_Strict):
     repetition_penalty: float | None = None
     stop_token_ids: Annotated[list[int], _items(64)] | None = None
     ignore_eos: bool = False
+    # vLLM's scheduling priority: lower is more urgent; unset is 0 (engine/scheduler.py).
+    priority: Annotated[int, Field(ge=-(2**31 - 1), le=2**31 - 1)] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):

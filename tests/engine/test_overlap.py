@@ -76,20 +76,20 @@ def plain(tiny_model_dir):
 
 
 def test_greedy_tokens_are_the_plain_steps_with_steps_launched_ahead(tiny_model_dir, plain):
-    params = [greedy(12), greedy(5), greedy(9), greedy(16)]  # ends by length at different steps
+    params = [greedy(8), greedy(3), greedy(6), greedy(10)]  # ends by length at different steps
     eng, launches = engine(tiny_model_dir, overlap=True)
     assert run(eng, params) == plain(params)
     assert len(launches) >= 8 and max(launches) == len(PROMPTS)
 
 
 def test_a_stop_token_reached_while_the_next_step_is_in_flight(tiny_model_dir, plain):
-    reference = plain([greedy(16)] * 4)
-    # Each request stops at the 6th token of its greedy output: the step after it is already launched.
-    params = [greedy(16, stop_token_ids=[reference[f"r{i}"][0][5]]) for i in range(4)]
+    reference = plain([greedy(10)] * 4)
+    # Each request stops at the 5th token of its greedy output: the step after it is already launched.
+    params = [greedy(10, stop_token_ids=[reference[f"r{i}"][0][4]]) for i in range(4)]
     eng, launches = engine(tiny_model_dir, overlap=True)
     got = run(eng, params)
     assert got == plain(params)
-    assert all(reason == "stop" and len(toks) <= 6 for toks, reason in got.values()) and launches
+    assert all(reason == "stop" and len(toks) <= 5 for toks, reason in got.values()) and launches
 
 
 def test_an_abort_while_a_step_is_in_flight(tiny_model_dir, plain):
@@ -100,20 +100,20 @@ def test_an_abort_while_a_step_is_in_flight(tiny_model_dir, plain):
         if not aborted_in_flight and inflight is not None and any(x.request.request_id == "r1" for x in inflight.items):
             aborted_in_flight.append(step)
             eng.abort("r1")
-    params = [greedy(14)] * 4
+    params = [greedy(10)] * 4
     got = run(engine(tiny_model_dir, overlap=True)[0], params, abort_r1)
     want = plain(params)
     assert aborted_in_flight
     assert {k: v for k, v in got.items() if k != "r1"} == {k: v for k, v in want.items() if k != "r1"}
     tokens, reason = got["r1"]
-    assert reason is None and tokens == want["r1"][0][:len(tokens)] and len(tokens) < 14
+    assert reason is None and tokens == want["r1"][0][:len(tokens)] and len(tokens) < 10
 
 
 def test_retractions_while_steps_are_in_flight(tiny_model_dir, plain):
-    # 18 blocks of 8 tokens: the four requests (21 blocks at their ends, the shared prefix of r1 and
+    # 14 blocks of 8 tokens: the four requests (17 blocks at their ends, the shared prefix of r1 and
     # r2 counted once) outgrow it together, and the newest is retracted.
-    options = dict(num_blocks=18, block_size=8, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
-    params = [greedy(24)] * 4
+    options = dict(num_blocks=14, block_size=8, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+    params = [greedy(16)] * 4
     eng, launches = engine(tiny_model_dir, overlap=True, **options)
     got = run(eng, params)
     assert eng.scheduler.num_retractions > 0 and launches
@@ -121,8 +121,8 @@ def test_retractions_while_steps_are_in_flight(tiny_model_dir, plain):
 
 
 def test_a_sampled_request_makes_its_steps_plain_and_keeps_its_draws(tiny_model_dir, plain):
-    params = [greedy(16), SamplingParams(max_tokens=10, temperature=0.8, seed=7, ignore_eos=True), greedy(16),
-              SamplingParams(max_tokens=4, temperature=0.0, repetition_penalty=1.3, ignore_eos=True)]
+    params = [greedy(10), SamplingParams(max_tokens=5, temperature=0.8, seed=7, ignore_eos=True), greedy(10),
+              SamplingParams(max_tokens=3, temperature=0.0, repetition_penalty=1.3, ignore_eos=True)]
     eng, launches = engine(tiny_model_dir, overlap=True)
     assert run(eng, params) == plain(params)
     assert launches and max(launches) < 4  # overlapped only once the host-sampled requests were done

@@ -68,6 +68,8 @@ CASES = [
     ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     ("stream_options without stream", CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options"),
     ("empty stop string", COMPLETIONS, completion(stop=[""]), 400, "stop"),
+    ("priority not an integer", CHAT, chat(priority="high"), 400, "priority"),
+    ("priority too wide", COMPLETIONS, completion(priority=2**40), 400, "priority"),
 ]
 
 
