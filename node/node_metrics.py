@@ -12,6 +12,8 @@ Exported (Ray adds the prefix `ray_`; counters also get `_total`), all tagged {n
            raypd_node_refused   requests refused at once for want of capacity (every role; from stats)
            raypd_node_kv_tier_blocks{op=stored|loaded|rejected|evicted}  the KV tier below the pool
            raypd_node_kv_tier_bytes{direction=written|read}              (engine/cache/kv_tier.py; from stats)
+           raypd_node_requeued{cause=retraction|preemption}  running requests sent back to wait: the
+                    pool ran dry, or a more urgent request took the place (engine/scheduler.py)
 
 stats() keeps running totals; observe() turns each total's growth since the last call into a counter
 increment, so it may be called at any rate, from any one place.
@@ -46,6 +48,8 @@ _TOTALS: dict[tuple[str, ...], tuple[str, str, dict[str, str]]] = {
        for op in ("stored", "loaded", "rejected", "evicted")},
     ("kv_tier_bytes_written",): ("kv_tier_bytes", "bytes through the KV tier", {"direction": "written"}),
     ("kv_tier_bytes_read",): ("kv_tier_bytes", "bytes through the KV tier", {"direction": "read"}),
+    ("num_retractions",): ("requeued", "running requests sent back to wait", {"cause": "retraction"}),
+    ("num_preemptions",): ("requeued", "running requests sent back to wait", {"cause": "preemption"}),
 }
 TAGS = ("node", "role")
 

@@ -59,6 +59,15 @@ def test_kv_tier_totals_become_counters_by_operation():
     assert api["raypd_node_kv_tier_bytes"].value(direction="read") == 6000
 
 
+def test_retractions_and_preemptions_count_apart():
+    api = FakeMetricsAPI()
+    m = NodeMetrics(api)
+    m.observe(report("raypd-mixed-0", "mixed"), {"num_retractions": 2, "num_preemptions": 0})
+    m.observe(report("raypd-mixed-0", "mixed"), {"num_retractions": 3, "num_preemptions": 4})
+    assert api["raypd_node_requeued"].value(cause="retraction") == 3
+    assert api["raypd_node_requeued"].value(cause="preemption") == 4
+
+
 def test_decode_stats_without_prefill_totals_count_nothing():
     api = FakeMetricsAPI()
     m = NodeMetrics(api)
