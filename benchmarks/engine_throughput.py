@@ -275,6 +275,8 @@ PROFILE_TARGETS = {  # name -> (file suffix, function name)
     "runner_run": ("engine/model_runner.py", "run"),
     "gpu_runner_run": ("engine/gpu/runner.py", "run"),
     "gpu_eager": ("engine/gpu/runner.py", "_eager"),
+    "gpu_launch_ahead": ("engine/gpu/runner.py", "launch_ahead"),
+    "gpu_collect": ("engine/gpu/runner.py", "collect"),
     "graph_replay": ("engine/gpu/cuda_graphs.py", "run"),
     "forward": ("engine/model/llama.py", "forward"),
     "paged_attention": ("engine/model/attention.py", "paged_attention"),
@@ -298,7 +300,8 @@ def profile_raypd(args, work: list[BenchRequest], conc: int, dump: Path) -> dict
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # set by Stats(), missing from typeshed
     cum = {k: sum(v[3] for (f, _, n), v in stats.items() if f.replace(os.sep, "/").endswith(sfx) and n == fn)
            for k, (sfx, fn) in PROFILE_TARGETS.items()}
-    run = cum["runner_run"] + cum["gpu_runner_run"]  # the CPU runner's or the CUDA runner's
+    # The CPU runner's or the CUDA runner's steps, plain and overlapped (launched ahead, collected).
+    run = cum["runner_run"] + cum["gpu_runner_run"] + cum["gpu_launch_ahead"] + cum["gpu_collect"]
     parts = {
         "model_forward": cum["forward"],
         "  of which projections (linear.py, incl. LM head)": cum["linear"],

@@ -106,10 +106,10 @@ def full_context(model: str | None, device: str, requests: int | None = None, ma
                  context: int | None = None, **engine_options: Any) -> dict[str, Any]:
     """The engine at its model's full context (or `context` tokens, when smaller) under load:
     `requests` (default: the device's max_running_requests) prompts of distinct tokens that fill the
-    context but for max_tokens, all
-    added at once, the KV pool sized by --gpu-memory-utilization as a node's is. Every request must
-    finish with all its tokens (retractions allowed): an out-of-memory error, a short request or a
-    leaked block fails the step. What the KV sizing promises (engine/kv_memory.py)."""
+    context but for max_tokens, all added at once, the KV pool sized by --gpu-memory-utilization as
+    a node's is. Every request must finish with all its tokens (retractions allowed): an
+    out-of-memory error, a short request or a leaked block fails the step. What the KV sizing
+    promises (engine/kv_memory.py)."""
     import numpy as np
 
     from raypd.engine import LLMEngine, SamplingParams
