@@ -59,7 +59,7 @@ class Sampler:
             if req.params.has_penalties:
                 logits[row] = self._penalize(logits[row], req)
         greedy = [r.params.greedy for r in reqs]
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = self.greedy(logits).tolist()
         if all(greedy):
             return tokens
         rows = [i for i, g in enumerate(greedy) if not g]

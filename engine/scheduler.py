@@ -216,17 +216,15 @@ class Scheduler:
                 i += 1
                 admitting = admitting and not retracted
             elif can_admit:
-                left = self._admit_one(budget, scheduled)
-                if isinstance(left, Blocked):
-                    freed = None if left is Blocked.BUDGET else self._preempt_for(self.waiting[0], scheduled)
-                    if freed is None:
-                        admitting = False
-                    else:  # the preempted request waits now: it needs a key too
-                        budget += freed
-                        key.update(self._srpt_keys([]))
-                        self.waiting = deque(sorted(self.waiting, key=key.__getitem__))
+                preempted = self.num_preemptions
+                left = self._admit_next(budget, scheduled)
+                if left is None:
+                    admitting = False
                 else:
                     budget = left
+                    if self.num_preemptions != preempted:  # the preempted request waits now: it needs a key
+                        key.update(self._srpt_keys([]))
+                        self.waiting = deque(sorted(self.waiting, key=key.__getitem__))
             else:
                 break
         return budget
@@ -258,15 +256,21 @@ class Scheduler:
     def _admit(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int:
         self._sort_waiting()
         while self.waiting and budget > 0:
-            left = self._admit_one(budget, scheduled)
-            if isinstance(left, Blocked):
-                freed = None if left is Blocked.BUDGET else self._preempt_for(self.waiting[0], scheduled)
-                if freed is None:
-                    break
-                budget += freed
-            else:
-                budget = left
+            left = self._admit_next(budget, scheduled)
+            if left is None:
+                break
+            budget = left
         return budget
+
+    def _admit_next(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int | None:
+        """_admit_one, preempting for the head when a less urgent running request holds the slot or
+        memory it lacks: the budget left (after a preemption the head is tried again next), or None
+        when nothing more starts in this step."""
+        left = self._admit_one(budget, scheduled)
+        if not isinstance(left, Blocked):
+            return left
+        freed = None if left is Blocked.BUDGET else self._preempt_for(self.waiting[0], scheduled)
+        return None if freed is None else budget + freed
 
     def _admit_one(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int | Blocked:
         """Start the head of the waiting queue with up to `budget` tokens: the budget left, or why it
