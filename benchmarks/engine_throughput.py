@@ -54,6 +54,7 @@ from raypd.benchmarks.engine_llamacpp import LlamaCppPeer
 from raypd.benchmarks.random_models import resolve_bench_model
 from raypd.benchmarks.workloads import BenchRequest, greedy_agreement, no_reuse_workload
 from raypd.engine import LLMEngine, SamplingParams
+from raypd.engine.config import BACKEND_CHOICES
 from raypd.engine.device import resolve_device, resolve_dtype
 from raypd.engine.gc_pauses import GcPauses, freeze_heap, thaw_heap
 from raypd.engine.gpu.cuda_graphs import DecodeInputs
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "llama-1b, qwen3-0.6b); default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--tokenizer", type=Path, help="the tokenizer folder a random:NAME model copies (default: the "
                     "embedded model's)")
-    ap.add_argument("--attention-backend", choices=["auto", "triton", "torch"], default="auto")
+    ap.add_argument("--attention-backend", choices=BACKEND_CHOICES, default="auto")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--disable-overlap-schedule", action="store_true",
                     help="no overlap scheduling (engine/overlap.py): each step waits for its own GPU work")

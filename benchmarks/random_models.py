@@ -50,26 +50,28 @@ TINY_BODY: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, intermediate_
                                  initializer_range=0.3, bos_token_id=1, eos_token_id=2)
 
 
-def tiny_family(name: str, seed: int = 0) -> Any:
+def tiny_family(name: str, seed: int = 0, head_dim: int | None = None) -> Any:
     """A tiny random transformers model of family `name` (llama, qwen2, qwen3, llama3), its biases and
-    q/k norms perturbed so that they matter (transformers starts them at 0 and 1)."""
+    q/k norms perturbed so that they matter (transformers starts them at 0 and 1). head_dim: wider
+    heads than the body's 16 (32 for qwen3), for kernels that compile only some (FlashInfer's)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
     torch.manual_seed(seed)
     model: Any
     extra: dict[str, Any]
+    body = dict(TINY_BODY, **({"head_dim": head_dim} if head_dim else {}))
     if name == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**TINY_BODY, tie_word_embeddings=True))
+        model = LlamaForCausalLM(LlamaConfig(**body, tie_word_embeddings=True))
     elif name == "qwen2":  # Qwen2.5-7B's structure: q/k/v biases, untied head, sliding window switched off
         extra = dict(tie_word_embeddings=False, use_sliding_window=False, sliding_window=4096, max_window_layers=2,
                      rope_theta=1e6)
-        model = Qwen2ForCausalLM(Qwen2Config(**TINY_BODY, **extra))
+        model = Qwen2ForCausalLM(Qwen2Config(**body, **extra))
     elif name == "qwen3":
-        extra = dict(head_dim=32, tie_word_embeddings=True, rope_theta=1e6)
-        model = Qwen3ForCausalLM(Qwen3Config(**TINY_BODY, **extra))
+        extra = dict(tie_word_embeddings=True, rope_theta=1e6)
+        model = Qwen3ForCausalLM(Qwen3Config(**dict(body, head_dim=head_dim or 32), **extra))
     elif name == "llama3":
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-        model = LlamaForCausalLM(LlamaConfig(**TINY_BODY, rope_parameters=rope, tie_word_embeddings=False))
+        model = LlamaForCausalLM(LlamaConfig(**body, rope_parameters=rope, tie_word_embeddings=False))
     else:
         raise ValueError(f"unknown family {name!r}: llama, qwen2, qwen3 or llama3")
     with torch.no_grad():

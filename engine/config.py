@@ -6,6 +6,10 @@ from typing import Literal
 
 from raypd.engine.errors import ConfigError
 
+# What --attention-backend accepts (engine/gpu/backend.py says what each one runs): one list for
+# every command that takes the flag.
+BACKEND_CHOICES = ("auto", "triton", "flashinfer", "torch")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -54,11 +58,12 @@ class EngineConfig:
     quantization: Literal["none", "int8", "int8-g32"] = "none"
     # Attention and layer kernels (engine/gpu/backend.py): "triton" reads KV blocks in place with the
     # Triton kernels and fuses the norms, rotary and SwiGLU (CUDA; on a CPU only under Triton's
-    # interpreter, for tests); "torch" the reference path; "auto" is triton on CUDA when Triton
-    # imports, else torch.
-    attention_backend: Literal["auto", "triton", "torch"] = "auto"
+    # interpreter, for tests); "flashinfer" FlashInfer's paged kernels for attention (CUDA, bf16/fp16,
+    # when flashinfer-python is installed) with the rest on Triton; "torch" the reference path;
+    # "auto" is triton on CUDA when Triton imports, else torch.
+    attention_backend: Literal["auto", "triton", "flashinfer", "torch"] = "auto"
     # CUDA graphs for decode-only steps (engine/gpu/cuda_graphs.py) are captured on CUDA with the
-    # triton backend unless this is set.
+    # triton and flashinfer backends unless this is set.
     enforce_eager: bool = False
     # Overlap scheduling (engine/overlap.py): greedy decode-only steps replayed from the graphs are
     # scheduled and launched while the GPU still runs the previous one. This turns it off.
@@ -103,8 +108,9 @@ class EngineConfig:
             raise ConfigError(f"kv_tier_size_mb must be >= 1, got {self.kv_tier_size_mb}")
         if self.kv_tier_dir is not None and not self.enable_prefix_cache:
             raise ConfigError("a KV tier holds what the prefix cache evicts: it needs enable_prefix_cache")
-        if self.attention_backend not in ("auto", "triton", "torch"):
-            raise ConfigError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
+        if self.attention_backend not in BACKEND_CHOICES:
+            raise ConfigError(f"attention_backend must be one of {', '.join(BACKEND_CHOICES)}, "
+                              f"got {self.attention_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
 

@@ -16,8 +16,9 @@ from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.config import EngineConfig
 from raypd.engine.device import batch_defaults, configure_math, resolve_device, resolve_dtype
 from raypd.engine.errors import ConfigError, InvalidRequestError
-from raypd.engine.gpu.backend import choose_backend
+from raypd.engine.gpu.backend import GPU_BACKENDS, choose_backend
 from raypd.engine.gpu.cuda_graphs import CudaGraphFactory, DecodeGraphs
+from raypd.engine.gpu.flashinfer_attention import FlashInferAttention
 from raypd.engine.gpu.runner import CudaModelRunner
 from raypd.engine.kv_memory import (
     DEFAULT_CPU_KV_MB,
@@ -89,10 +90,15 @@ class LLMEngine:
         self.backend = choose_backend(cfg.attention_backend, self.device).backend
         ops: LayerOps = TORCH_LAYER_OPS
         attention: Attention = paged_attention
-        if self.backend == "triton":
+        # FlashInfer plans each step on the host before its forward: the runner calls it (runner.py).
+        self._planner: FlashInferAttention | None = None
+        if self.backend in GPU_BACKENDS:
             from raypd.engine.gpu.layer_ops import TritonLayerOps  # imports Triton: only on this path
             from raypd.engine.gpu.triton_attention import TritonAttention
             ops, attention = TritonLayerOps(), TritonAttention(mc.head_dim)
+            if self.backend == "flashinfer":
+                attention = self._planner = FlashInferAttention(mc.num_heads, mc.num_kv_heads, mc.head_dim,
+                                                                cfg.block_size, dtype, self.device)
         self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype), ops=ops,
                                 attention=attention)
         del weights  # the model keeps what it uses (packed copies replace the projections)
@@ -140,9 +146,9 @@ class LLMEngine:
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
         self.runner: ModelRunner | CudaModelRunner
-        if self.backend == "triton":
+        if self.backend in GPU_BACKENDS:
             self.decode_kernel = None
-            self.runner = CudaModelRunner(self.model, self.kv_cache, self.sampler, self.device)
+            self.runner = CudaModelRunner(self.model, self.kv_cache, self.sampler, self.device, self._planner)
             if self.device.type == "cuda":  # compiled kernels; the interpreter (tests) has nothing to compile
                 self.runner.warm_up()
         else:
@@ -153,7 +159,7 @@ class LLMEngine:
         """Capture the decode graphs on the current pool (engine/gpu/cuda_graphs.py) when this engine
         uses them; returns the device memory they reserved (0 without graphs)."""
         cfg = self.config
-        if self.backend != "triton" or self.device.type != "cuda" or cfg.enforce_eager:
+        if self.backend not in GPU_BACKENDS or self.device.type != "cuda" or cfg.enforce_eager:
             return 0
         assert isinstance(self.runner, CudaModelRunner), "graphs run on the CUDA runner"
         context = min(self.model_config.max_position_embeddings, GRAPH_MAX_CONTEXT)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+# EngineConfig's BACKEND_CHOICES (engine/config.py), not imported from there: importing raypd.engine
+# loads torch, which `raypd serve`'s command line defers (tests/engine/test_cli.py holds them equal).
+BACKEND_CHOICES = ("auto", "triton", "flashinfer", "torch")
+
 
 def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """Add the group to `parser` and return it (a command may add flags of its own to it)."""
@@ -37,9 +41,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--device", default="auto")
     e.add_argument("--cpu-kernels", choices=["auto", "native", "torch"], default="auto",
                    help="CPU fast paths (C decode attention, prepacked oneDNN linears); torch = plain torch ops")
-    e.add_argument("--attention-backend", choices=["auto", "triton", "torch"], default="auto",
+    e.add_argument("--attention-backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention and layer kernels: triton reads KV blocks in place and fuses the norms, rotary and "
-                        "SwiGLU (CUDA); torch is the reference path; auto = triton on CUDA when Triton imports")
+                        "SwiGLU (CUDA); flashinfer runs attention on FlashInfer's kernels instead (CUDA, bf16/fp16, "
+                        "pip install flashinfer-python); torch is the reference path; auto = triton on CUDA when "
+                        "Triton imports")
     e.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     e.add_argument("--disable-overlap-schedule", action="store_true",
                    help="no overlap scheduling: each step's host work waits for the previous step's GPU work")

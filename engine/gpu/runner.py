@@ -8,6 +8,9 @@ that are sliced there, instead of one copy per tensor.
 
 One host synchronisation per step: the sampled tokens' transfer (Sampler.sample).
 
+An attention backend that plans each step on the host (FlashInfer: flashinfer_attention.py) is the
+runner's StepPlanner: planned before every eager forward and every graph replay.
+
 Triton compiles a kernel once per specialization of its arguments, which includes whether an
 integer is divisible by 16 and whether a pointer is 16-byte aligned. So every block table is padded
 to a multiple of TABLE_COLUMNS columns and every slice of the packed copies starts 16-byte aligned:
@@ -16,12 +19,13 @@ the steps then launch the variants compiled at start (warm_up), never a new one 
 from __future__ import annotations
 
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from raypd.engine.cache.kv_cache import PagedKVCache
-from raypd.engine.gpu.cuda_graphs import DecodeGraphs, DecodeHostRows, DecodeInputs
+from raypd.engine.gpu.cuda_graphs import DecodeGraphs, DecodeHostRows, DecodeInputs, bucket_for
 from raypd.engine.gpu.step_timer import StepTimer
 from raypd.engine.gpu.triton_attention import PrefillChunks, TritonAttentionMetadata
 from raypd.engine.model.llama import LlamaModel
@@ -55,9 +59,23 @@ def decode_rows(items: list[ScheduledRequest], block_size: int, width: int | Non
     return DecodeHostRows(ids, starts, last * block_size + starts % block_size, (starts + 1).astype(np.int32), tables)
 
 
+class StepPlanner(Protocol):
+    """An attention backend that plans each step on the host before its forward runs
+    (flashinfer_attention.FlashInferAttention); the Triton kernels need none."""
+
+    def plan_step(self, decode_ctx_lens: np.ndarray | None, decode_tables: np.ndarray | None,
+                  chunk_lens: list[int], chunk_starts: list[int], chunk_tables: list[np.ndarray]) -> None: ...
+
+    def plan_graph(self, size: int, ctx_lens: np.ndarray, tables: np.ndarray) -> None: ...
+
+    def use_graph(self, size: int, max_blocks: int) -> None: ...
+
+
 class CudaModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: PagedKVCache, sampler: Sampler, device: torch.device):
+    def __init__(self, model: LlamaModel, kv_cache: PagedKVCache, sampler: Sampler, device: torch.device,
+                 planner: StepPlanner | None = None):
         self.model = model
+        self.planner = planner
         self.kv = kv_cache
         self.sampler = sampler
         self.device = device
@@ -71,6 +89,8 @@ class CudaModelRunner:
 
     def decode_forward(self, inputs: DecodeInputs) -> torch.Tensor:
         """The forward of a decode-only step whose every row samples: what the graphs capture."""
+        if self.planner is not None:  # runs (and plans, the first time) outside the capture: see the planner
+            self.planner.use_graph(inputs.input_ids.shape[0], inputs.tables.shape[1])
         meta = TritonAttentionMetadata(inputs.slots, inputs.input_ids.shape[0], inputs.tables, inputs.ctx_lens, None)
         index = torch.arange(inputs.input_ids.shape[0], device=self.device)
         return self.model.forward(inputs.input_ids, inputs.positions, meta, self.kv, index)
@@ -90,6 +110,10 @@ class CudaModelRunner:
         if timer is not None:
             timer.begin()
         if not prefills and rows is not None and graphs is not None and graphs.serves(len(decodes), rows.tables.shape[1]):
+            if self.planner is not None:
+                size = bucket_for(len(decodes), graphs.sizes)
+                assert size is not None, "serves() holds every batch up to the largest size"
+                self.planner.plan_graph(size, rows.ctx_lens, rows.tables)
             logits = graphs.run(rows)
             kind = "graph"
         else:
@@ -114,9 +138,11 @@ class CudaModelRunner:
 
     def can_launch_ahead(self, items: list[ScheduledRequest]) -> bool:
         """Whether a batch can run as an overlapped step (engine/overlap.py): decode rows only (one
-        token each after earlier ones), every one greedy without penalties, replayable from a graph."""
+        token each after earlier ones), every one greedy without penalties, replayable from a graph.
+        Not with a planner: FlashInfer's plan stages its work lists in one pinned host buffer that the
+        step in flight may not have copied yet."""
         graphs = self.graphs
-        if graphs is None or not items:
+        if graphs is None or not items or self.planner is not None:
             return False
         if not all(x.num_tokens == 1 and x.start > 0 for x in items) or not self.sampler.defers([x.request for x in items]):
             return False
@@ -204,6 +230,9 @@ class CudaModelRunner:
                 padded[j, :len(t)] = t
             ints += [np.concatenate([[0], np.cumsum(chunk_lens)]).astype(np.int32), np.asarray(starts, np.int32),
                      padded.ravel()]
+        if self.planner is not None:
+            self.planner.plan_step(rows.ctx_lens if rows is not None else None, rows.tables if rows is not None else None,
+                                   chunk_lens, starts, tables)
         dev_longs = self._split(longs, torch.int64)
         dev_ints = self._split(ints, torch.int32) if ints else []
         decode_tables = decode_ctx = None
