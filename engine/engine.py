@@ -29,6 +29,7 @@ from raypd.engine.kv_memory import (
     blocks_for_bytes,
     check_free_at_start,
     gpu_kv_bytes,
+    torch_decode_gather_bytes,
 )
 from raypd.engine.model import native_attention
 from raypd.engine.model.attention import paged_attention
@@ -193,6 +194,13 @@ class LLMEngine:
         # The graphs' memory stays reserved beside every later step's activations: count it on top.
         graphs = self._capture_graphs()
         reading = dataclasses.replace(reading, peak_allocated=reading.peak_allocated + graphs)
+        if self.backend == "torch" and self.decode_kernel is None:
+            # This path gathers every sequence's context for each decode layer: reserve it at full
+            # context for max_running_requests (the Triton kernels read blocks in place: nothing).
+            context = -(-mc.max_position_embeddings // cfg.block_size) * cfg.block_size
+            gather = torch_decode_gather_bytes(cfg.max_running_requests, context, mc.num_heads, mc.num_kv_heads,
+                                               mc.head_dim, self.dtype.itemsize)
+            reading = dataclasses.replace(reading, peak_allocated=reading.peak_allocated + gather)
         del self.kv_cache, self.kv_tier, self.allocator, self.prefix_cache, self.scheduler, self.runner, self.decode_kernel
         return reading
 

@@ -115,6 +115,16 @@ def gpu_kv_bytes(start: MemoryReading, after_profile: MemoryReading, utilization
     return budget
 
 
+def torch_decode_gather_bytes(batch: int, context: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                              dtype_bytes: int) -> int:
+    """The torch attention path's decode temporaries at `batch` sequences of `context` tokens: each
+    sequence's keys and values of one layer gathered out of the pool, [batch, kv_heads, context,
+    head_dim] twice in the pool's dtype, and the scores, [batch, heads, context] in float32 where
+    SDPA materializes them. Freed after each layer, so one layer's worth is the peak; the profile
+    batch (short prompts) never reaches it, so the engine adds it (model/attention.py)."""
+    return batch * context * (2 * num_kv_heads * head_dim * dtype_bytes + num_heads * 4)
+
+
 def blocks_for_bytes(kv_bytes: int, bytes_per_block: int, what: str) -> int:
     n = kv_bytes // bytes_per_block
     if n < 1:

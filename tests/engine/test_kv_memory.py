@@ -20,6 +20,7 @@ from raypd.engine.kv_memory import (
     blocks_for_bytes,
     check_free_at_start,
     gpu_kv_bytes,
+    torch_decode_gather_bytes,
 )
 
 
@@ -92,6 +93,28 @@ def test_the_engine_sizes_its_pool_by_utilization_after_a_real_peak_batch():
         engine.step()
     assert out not in engine.requests
     engine.check_block_integrity()
+
+
+def test_the_torch_paths_decode_gather_at_full_context_is_reserved_before_the_pool(tiny_model_dir):
+    """The torch path gathers every sequence's context per decode layer, which the profile batch of
+    short prompts never reaches: the pool is sized with that gather at max_running_requests x the
+    model's full context taken out. The native kernel reads blocks in place: nothing is taken."""
+    start = reading(total=4 * GiB, free=4 * GiB)
+
+    def sized(**options) -> LLMEngine:
+        after = reading(total=4 * GiB, free=3 * GiB, peak=900 * 2**20, reserved=1000 * 2**20)
+        return LLMEngine(tiny_model_dir, device_memory=GivenMemory(start, after), gpu_memory_utilization=0.5,
+                         max_num_batched_tokens=64, max_running_requests=4, **options)
+
+    gathers, reads_in_place = sized(cpu_kernels="torch"), sized()
+    mc = gathers.model_config
+    per_block = PagedKVCache.bytes_per_block(mc, gathers.config.block_size, gathers.dtype)
+    context = -(-mc.max_position_embeddings // gathers.config.block_size) * gathers.config.block_size
+    gather = torch_decode_gather_bytes(4, context, mc.num_heads, mc.num_kv_heads, mc.head_dim, gathers.dtype.itemsize)
+    assert gather == 4 * context * (2 * mc.num_kv_heads * mc.head_dim * 4 + mc.num_heads * 4)
+    budget = gpu_kv_bytes(start, reading(total=4 * GiB, free=3 * GiB, peak=900 * 2**20, reserved=1000 * 2**20), 0.5)
+    assert reads_in_place.num_blocks == budget // per_block
+    assert gathers.num_blocks == (budget - gather) // per_block < reads_in_place.num_blocks
 
 
 def test_explicit_sizes_skip_the_profile():
