@@ -19,6 +19,7 @@ is at least transformers' bf16 share for every family).
     raypd bench parity --device cuda --json parity.json
     raypd bench parity --device cpu --attention-backend triton   (Triton's interpreter: TRITON_INTERPRET=1)
     raypd bench parity --device cuda --attention-backend flashinfer --head-dim 64
+    raypd bench parity --device cuda --random-prompts 64    (bf16 shares over 64 seeded random prompts)
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from raypd.benchmarks.random_models import TINY_FAMILIES, copy_tokenizer, tiny_family
@@ -40,7 +42,15 @@ from raypd.engine.model.source import resolve_model
 PROMPTS = [list(range(10, 15)), list(range(300, 400)), list(range(300, 380)) + [7, 7, 7]]
 
 
-def hf_greedy(model: Any, device: torch.device, dtype: torch.dtype, max_tokens: int) -> list[list[int]]:
+def random_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """n prompts of 4-200 random tokens (ids 3 and up: no special token): a larger sample for the
+    bf16 shares, whose three fixed prompts flip by near-ties either way."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, size=int(rng.integers(4, 201))).tolist() for _ in range(n)]
+
+
+def hf_greedy(model: Any, device: torch.device, dtype: torch.dtype, max_tokens: int,
+              prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
     if device.type == "cuda" and dtype == torch.float32:
         # The reference in IEEE float32 every time: a bf16 engine built earlier in this process (the
         # previous family's) turned TF32 on process-wide for its leftover float32 matmuls
@@ -52,16 +62,17 @@ def hf_greedy(model: Any, device: torch.device, dtype: torch.dtype, max_tokens: 
         return [model.generate(torch.tensor([ids], device=device), attention_mask=torch.ones(1, len(ids), dtype=torch.long,
                                                                                              device=device),
                                max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)[0, len(ids):].tolist()
-                for ids in PROMPTS]
+                for ids in prompts]
 
 
-def raypd_greedy(folder: Path, device: torch.device, dtype: str, max_tokens: int, args) -> tuple[list[list[int]], ...]:
+def raypd_greedy(folder: Path, device: torch.device, dtype: str, max_tokens: int, args,
+                 prompts: list[list[int]]) -> tuple[list[list[int]], ...]:
     llm = LLM(str(folder), device=str(device), dtype=dtype, attention_backend=args.attention_backend,
               enforce_eager=args.enforce_eager, block_size=8, chunked_prefill_size=16, kv_cache_memory_mb=64,
               max_running_requests=8)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    cold = [o.token_ids for o in llm.generate(PROMPTS, params)]
-    warm = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    cold = [o.token_ids for o in llm.generate(prompts, params)]
+    warm = [o.token_ids for o in llm.generate(prompts, params)]
     llm.engine.check_block_integrity()
     return cold, warm
 
@@ -72,15 +83,16 @@ def check_family(name: str, device: torch.device, tokenizer: Path, args) -> dict
         folder = Path(tmp)
         ref_model.save_pretrained(folder)
         copy_tokenizer(tokenizer, folder)
-        reference = hf_greedy(ref_model, device, torch.float32, args.max_tokens)
-        out: dict[str, Any] = {"float32_identical": None, "float32_prompts_identical": None}
+        prompts = random_prompts(args.random_prompts, ref_model.config.vocab_size) if args.random_prompts else PROMPTS
+        reference = hf_greedy(ref_model, device, torch.float32, args.max_tokens, prompts)
+        out: dict[str, Any] = {"prompts": len(prompts), "float32_identical": None, "float32_prompts_identical": None}
         if args.attention_backend != "flashinfer":
-            cold, warm = raypd_greedy(folder, device, "float32", args.max_tokens, args)
-            out = {"float32_identical": cold == reference and warm == reference,
-                   "float32_prompts_identical": sum(a == b for a, b in zip(cold, reference))}
+            cold, warm = raypd_greedy(folder, device, "float32", args.max_tokens, args, prompts)
+            out.update(float32_identical=cold == reference and warm == reference,
+                       float32_prompts_identical=sum(a == b for a, b in zip(cold, reference)))
         if device.type == "cuda" and not args.skip_bf16:
-            bf16, _ = raypd_greedy(folder, device, "bfloat16", args.max_tokens, args)
-            hf_bf16 = hf_greedy(ref_model, device, torch.bfloat16, args.max_tokens)
+            bf16, _ = raypd_greedy(folder, device, "bfloat16", args.max_tokens, args, prompts)
+            hf_bf16 = hf_greedy(ref_model, device, torch.bfloat16, args.max_tokens, prompts)
             out["bf16_token_share"] = {"raypd": greedy_agreement(bf16, reference)[0],
                                        "transformers": greedy_agreement(hf_bf16, reference)[0]}
     return out
@@ -94,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                     "embedded model's)")
     ap.add_argument("--attention-backend", choices=BACKEND_CHOICES, default="auto")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--random-prompts", type=int, default=0, metavar="N",
+                    help="N seeded random prompts of 4-200 tokens instead of the 3 fixed ones (a larger bf16 sample)")
     ap.add_argument("--head-dim", type=int, help="the checkpoints' head_dim (default: hidden/heads = 16; qwen3 32)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--skip-bf16", action="store_true")
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         line = f"{name:<7} float32 " + ("not run (no float32 kernels)" if r["float32_identical"] is None else
                                         f"{'identical' if r['float32_identical'] else 'DIFFERS'} "
-                                        f"({r['float32_prompts_identical']}/{len(PROMPTS)} prompts cold)")
+                                        f"({r['float32_prompts_identical']}/{r['prompts']} prompts cold)")
         if "bf16_token_share" in r:
             b = r["bf16_token_share"]
             line += f"; bf16 tokens before the first difference: raypd {b['raypd']:.1%}, transformers {b['transformers']:.1%}"
