@@ -137,6 +137,35 @@ def hf_reference(prompt_ids, tmp_path_factory) -> list[list[int]]:
     return once_per_run(tmp_path_factory, "hf-reference-float32", lambda: hf_greedy(prompt_ids, "float32"))
 
 
+PROCESS_MARK = "RAYPD_TEST_PROCESS_MARK"
+
+
+@pytest.fixture
+def own_processes(monkeypatch) -> Callable[..., list]:
+    """For a test that asserts it leaves no process behind while other tests run beside it: every
+    process started from here on (Ray's daemons and workers, servers, what they start in turn) inherits
+    a mark in its environment, which it keeps when re-parented. The returned function lists the marked
+    processes still running whose command line holds one of the given words."""
+    import secrets
+
+    import psutil
+
+    mark = f"{os.getpid()}-{secrets.token_hex(8)}"
+    monkeypatch.setenv(PROCESS_MARK, mark)
+
+    def left(*words: str) -> list:
+        found = []
+        for p in psutil.process_iter(["cmdline", "environ", "status"]):
+            if (p.info["environ"] or {}).get(PROCESS_MARK) != mark or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(p.info["cmdline"] or [])
+            if any(w in cmdline for w in words):
+                found.append((p.pid, cmdline[:120]))
+        return found
+
+    return left
+
+
 @pytest.fixture(autouse=True)
 def block_accounting_adds_up():
     yield
@@ -158,10 +187,15 @@ def one_process_tests_start_no_ray(request):
             f"{request.node.nodeid} started Ray: mark its module with pytestmark = pytest.mark.cluster"
 
 
-# Files that start processes but no Ray (transfer peers, a benchmark, a pytest per CPU path): they
-# run beside the one-process tests instead of in the Ray group.
-NO_RAY = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_completion.py",
-          "tests/kvtransfer/test_bench_smoke.py", "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py"}
+# Files that start processes but no Ray cluster of the "ray" group's size: transfer peers, benchmarks,
+# a pytest per CPU path, `raypd generate` in one process, Ray without nodes or with one small node,
+# a Conductor alone, one small real-model cluster whose test checks only the processes it started
+# (own_processes). Each is a group of its own, beside the one-process tests and the "ray" group.
+OWN_GROUP = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_completion.py",
+             "tests/kvtransfer/test_bench_smoke.py", "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py",
+             "tests/engine/test_cli.py", "tests/cluster/test_ray_init.py", "tests/conductor/test_actor.py",
+             "tests/cluster/test_gpu_placement.py", "tests/cluster/test_gpu_smoke.py",
+             "tests/bench_serve/test_two_systems.py"}
 
 
 # Files whose Ray clusters run the tiny model with small KV pools (a few hundred MB in all): their
@@ -178,12 +212,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     one worker. Every test that starts Ray or a server on the default model is in one group, "ray":
     the other tests fill the other core meanwhile, and two such Ray clusters at once would not fit
     this machine's memory (Ray's OOM killer took a node pool when they shared it). The benchmarks'
-    short runs on the tiny model (RAY_TINY) are small enough to be the exception. Within a group,
-    module- and package-scoped clusters are shared as without xdist. Each other file is a group of
-    its own."""
+    short runs on the tiny model (RAY_TINY) and the small set-ups of OWN_GROUP are small enough to be
+    the exceptions. Within a group, module- and package-scoped clusters are shared as without xdist.
+    Each other file is a group of its own."""
     for item in items:
         path = item.nodeid.split("::")[0]
-        cluster = item.get_closest_marker("cluster") and path not in NO_RAY
+        cluster = item.get_closest_marker("cluster") and path not in OWN_GROUP
         group = ("ray-tiny" if path in RAY_TINY else "ray") if cluster else path
         item.add_marker(pytest.mark.xdist_group(group))
 

@@ -1,12 +1,12 @@
 """`raypd bench serve --systems raypd-mixed,llamacpp` for real, on a handful of requests: both are
 started, measured on the same prompts and stopped, with no process left behind (systems.py checks by
-pid and the bench fails if any is). llama-server comes from the same find-or-build function the
-command uses: the first run builds it (about 10 minutes on 2 cores)."""
+pid and the bench fails if any is; the test looks for every process it started, wherever it went).
+llama-server comes from the same find-or-build function the command uses: the first run builds it
+(about 10 minutes on 2 cores)."""
 from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
 from raypd.benchmarks.serve.llamacpp_build import find_or_build_llama_server
@@ -14,10 +14,8 @@ from raypd.benchmarks.serve.main import main
 
 
 @pytest.mark.cluster
-@pytest.mark.serial  # it looks for llama-server and Ray processes anywhere on the machine
-def test_raypd_mixed_against_llamacpp(tmp_path):
+def test_raypd_mixed_against_llamacpp(tmp_path, own_processes):
     binary = find_or_build_llama_server()
-    before = {p.pid for p in psutil.process_iter()}
     out = tmp_path / "r.json"
     code = main(["--systems", "raypd-mixed,llamacpp", "--llamacpp-server", str(binary), "--dataset", "gsp",
                  "--gsp-groups", "2", "--gsp-questions", "2", "--gsp-system-len", "96", "--gsp-question-len", "16",
@@ -29,6 +27,4 @@ def test_raypd_mixed_against_llamacpp(tmp_path):
     for name, s in systems.items():
         assert s["completed"] == 4 and s["errors"] == {}, (name, s)
         assert s["output_tokens"] == 4 * 8 and s["ttft_p99_s"] > 0 and s["cached_prompt_share"] is not None
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and any(x in " ".join(p.info["cmdline"] or []) for x in ("llama-server", "raypd serve", "ray::"))]
-    assert not left, left
+    assert not (left := own_processes("llama-server", "raypd serve", "ray::")), left

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 import torch
 
@@ -25,9 +24,7 @@ def test_without_a_gpu_it_says_why_and_exits_2(tmp_path, capsys):
     assert "no CUDA device" in capsys.readouterr().out
 
 
-@pytest.mark.serial  # it looks for Ray processes anywhere on the machine
-def test_every_step_runs_on_the_cpu(tmp_path):
-    before = {p.pid for p in psutil.process_iter()}
+def test_every_step_runs_on_the_cpu(tmp_path, own_processes):
     out = tmp_path / "smoke.json"
     code = main(["--device", "cpu", "--quick", "--max-tokens", "8", "--json", str(out)])
     report = json.loads(out.read_text())
@@ -43,6 +40,4 @@ def test_every_step_runs_on_the_cpu(tmp_path):
     assert steps["bench-engine"]["result"]["C=1"]["output_tok_s"] > 0
     # PD over Ray gives the single engine's greedy tokens (the PD parity invariant).
     assert steps["generate-pd"]["result"]["identical_to_engine_step"] == {"token_share": 1.0, "requests": 1.0}
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and any(x in " ".join(p.info["cmdline"] or []) for x in ("raypd", "ray::", "raylet", "gcs_server"))]
-    assert not left, left
+    assert not (left := own_processes("raypd", "ray::", "raylet", "gcs_server")), left

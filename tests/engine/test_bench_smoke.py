@@ -33,17 +33,13 @@ def test_engine_benchmark_reports_both_systems(tmp_path):
     assert raypd["triton_compiles"]["count"] == 0
 
 
-@pytest.mark.serial  # it looks for llama-server processes anywhere on the machine
-def test_engine_benchmark_against_llamacpp_with_fp32_agreement(tmp_path):
+def test_engine_benchmark_against_llamacpp_with_fp32_agreement(tmp_path, own_processes):
     # llama-server from the same find-or-build function `raypd bench serve` uses (tests/bench_serve
     # builds it first in a clean clone); raypd with int8-g32 weights, so the float32 reference is a
     # separate run.
-    import psutil
-
     from raypd.benchmarks.serve.llamacpp_build import find_or_build_llama_server
 
     binary = find_or_build_llama_server()
-    before = {p.pid for p in psutil.process_iter()}
     out = tmp_path / "engine.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_throughput.py"), "--num-requests", "4",
                     "--concurrency", "1,2", "--max-tokens-range", "4,8", "--prompt-len-range", "20,40",
@@ -59,6 +55,4 @@ def test_engine_benchmark_against_llamacpp_with_fp32_agreement(tmp_path):
     assert set(agreement) == {"raypd", "llamacpp"}
     for a in agreement.values():
         assert 0 <= a["request_share"] <= 1 and 0 <= a["token_share"] <= 1
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and "llama-server" in " ".join(p.info["cmdline"] or [])]
-    assert not left, left
+    assert not (left := own_processes("llama-server")), left

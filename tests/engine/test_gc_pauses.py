@@ -11,7 +11,9 @@ def test_freeze_moves_the_heap_out_of_the_collector_and_thaw_brings_it_back():
     assert gc.get_freeze_count() == 0  # nothing in the suite's process is frozen
     try:
         frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 1000
+        # At most what was frozen: another thread of this pytest worker (tqdm's monitor, say) may free
+        # a frozen object meanwhile, which takes it out of the count.
+        assert frozen >= gc.get_freeze_count() > 1000
         # A full collection now walks only what is not frozen: a small part of the heap.
         assert len(gc.get_objects(generation=2)) < frozen // 10
     finally:
