@@ -1,4 +1,5 @@
-"""The API keys an ingress accepts, each with the caller it names: a tenant and a default priority.
+"""The API keys an ingress accepts, each with the caller it names: a tenant, a default priority and a
+fair-share weight.
 
     raypd serve --api-key KEY              one key: tenant "default", priority 0
     raypd serve --api-keys-file keys.yaml  several, each with its own tenant and default priority
@@ -9,9 +10,14 @@ The file (YAML, or JSON, which YAML reads):
       - key: sk-interactive-7f3a...   # the bearer secret (required, unique)
         tenant: web                   # whose requests these are (default: key-<n>, its place in the list)
         priority: -1                  # for requests that send no `priority` (default 0; lower is more urgent)
+        weight: 2                     # its share of a contended ingress against other tenants (default 1)
       - key: sk-batch-19c2...
         tenant: batch
         priority: 10
+
+A request's tenant is its `x-raypd-tenant` header when it sends one (a gateway in front that knows
+the end user), else its key's (guard.py). Tenants share a contended ingress by tokens served, in
+proportion to their weights (cluster/serve/fair_share.py).
 
 A request's `priority` field, when sent, wins over its key's default (the key's is what an operator
 promises a tenant, the field what a client asks for one request; vLLM and SGLang take the field).
@@ -32,7 +38,8 @@ from raypd.protocol.sampling_params import PRIORITY_BOUND
 @dataclass(frozen=True, slots=True)
 class Caller:
     tenant: str
-    priority: int = 0  # the default priority of the caller's requests
+    priority: int = 0   # the default priority of the caller's requests
+    weight: float = 1.0  # its share against other tenants' (fair_share.py)
 
 
 ANONYMOUS = Caller("anonymous")
@@ -65,18 +72,21 @@ class KeyRing:
         callers: dict[bytes, Caller] = {}
         for i, entry in enumerate(entries):
             where = f"{path}: keys[{i}]"
-            if not isinstance(entry, dict) or set(entry) - {"key", "tenant", "priority"}:
-                raise KeysFileError(f"{where}: expected a mapping of key, tenant and priority")
+            if not isinstance(entry, dict) or set(entry) - {"key", "tenant", "priority", "weight"}:
+                raise KeysFileError(f"{where}: expected a mapping of key, tenant, priority and weight")
             key, tenant, priority = entry.get("key"), entry.get("tenant", f"key-{i}"), entry.get("priority", 0)
+            weight = entry.get("weight", 1)
             if not isinstance(key, str) or not key.strip() or key != key.strip():
                 raise KeysFileError(f"{where}: `key` must be a non-empty string without surrounding spaces")
             if not isinstance(tenant, str) or not tenant:
                 raise KeysFileError(f"{where}: `tenant` must be a non-empty string")
             if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > PRIORITY_BOUND:
                 raise KeysFileError(f"{where}: `priority` must be an integer in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}]")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1e6:
+                raise KeysFileError(f"{where}: `weight` must be a number in (0, 1e6]")
             if key.encode() in callers:
                 raise KeysFileError(f"{where}: the same key is listed twice")
-            callers[key.encode()] = Caller(tenant, priority)
+            callers[key.encode()] = Caller(tenant, priority, float(weight))
         return cls(callers)
 
     def merged(self, other: KeyRing) -> KeyRing:

@@ -15,6 +15,8 @@ replica for as long as it likes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 from typing import Any
 
 from raypd.cluster.openai.api_errors import APIError, BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
@@ -25,6 +27,8 @@ from raypd.cluster.openai.deadline import until
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/health/live"})
 # 4 MB (the default body limit) in 30 s is 1.1 Mbit/s: a slow link still makes it, a stalled one not.
 BODY_TIMEOUT_S = 30.0
+TENANT_HEADER = b"x-raypd-tenant"  # a gateway's name for the end user: the request's tenant (api_keys.py)
+TENANT_NAME = re.compile(rb"[A-Za-z0-9._:@-]{1,64}")
 DEADLINE_KEY = "raypd_deadline"  # the request's deadline (event-loop time) in the ASGI scope's state
 CALLER_KEY = "raypd_caller"      # the request's Caller (its key's tenant and default priority), likewise
 
@@ -65,6 +69,11 @@ class GuardMiddleware:
         try:
             if self.keys is not None and scope.get("path") not in OPEN_PATHS:
                 state[CALLER_KEY] = self._check_key(headers.get(b"authorization"), self.keys)
+            tenant = headers.get(TENANT_HEADER)
+            if tenant is not None:
+                if not TENANT_NAME.fullmatch(tenant):
+                    raise BadRequest("x-raypd-tenant must be 1-64 letters, digits or ._:@-", code="invalid_header")
+                state[CALLER_KEY] = dataclasses.replace(state[CALLER_KEY], tenant=tenant.decode())
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 return await self.app(scope, receive, send)
             body_deadline = min(arrival + self.body_timeout_s, deadline or float("inf"))

@@ -106,7 +106,7 @@ class FailoverMetrics:
 
 class RequestRecord:
     """One generation request from arrival to its status; finish() counts it once, whoever calls first."""
-    __slots__ = ("metrics", "endpoint", "t0", "status", "priority", "_last_event")
+    __slots__ = ("metrics", "endpoint", "t0", "status", "priority", "served_tokens", "_last_event")
 
     def __init__(self, metrics: IngressMetrics, endpoint: str, t0: float):
         self.metrics = metrics
@@ -114,6 +114,7 @@ class RequestRecord:
         self.t0 = t0
         self.status: Status | None = None
         self.priority: str | None = None  # its priority's label, once it reaches generation (track)
+        self.served_tokens = 0  # prompt and output tokens as its usage counts them (the tenant's share)
         self._last_event = t0
 
     def finish(self, status: Status) -> None:
@@ -171,6 +172,7 @@ class RequestRecord:
                 raise
             raise err from e
         finally:
+            self.served_tokens = prompt_tokens + completion
             if completion:
                 m.completion_tokens.inc(completion, tags)
             if sum(cached.values()):

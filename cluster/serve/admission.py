@@ -10,10 +10,13 @@ ordered by priority, or get 429 at once.
     the response has ended (streams included), the client left, or the waiter was cancelled
         ─> release(): the slot goes to the most urgent waiter (the oldest of equals), or back to the pool
 
-Priority is the request's `priority` field, or its API key's default (api_keys.py), lower first;
-equal priorities are served first come, first served, as before priorities existed. The middleware
-reads the field only when the request would wait (a free slot needs no order), from the body the
-guard has already buffered.
+Priority is the request's `priority` field, or its API key's default (api_keys.py), lower first.
+Within a priority, tenants share the slots by the tokens each has been served (fair_share.py: the
+tenant served least goes first, then the one with fewer requests in line, each tenant's oldest
+request first), and in a full line a newcomer that goes ahead so displaces the last waiter: a
+flooding tenant's newest request, not another tenant's only one. With one tenant this is first
+come, first served, as before. The middleware reads the `priority` field only when the request
+would wait (a free slot needs no order), from the body the guard has already buffered.
 
 A slot is held from before the body is parsed by the app until the last byte of the response is
 sent, so `max_ongoing` bounds what the replica has on the nodes and `max_queued` what it holds in
@@ -24,17 +27,27 @@ so that Serve never answers 503 for a full replica. One replica, one event loop:
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import json
-from contextlib import suppress
+from collections import Counter
+from dataclasses import dataclass
 
 from raypd.cluster.openai.api_errors import APIError, RateLimited
 from raypd.cluster.openai.guard import caller_in
 from raypd.cluster.openai.json_shape import check_json_shape
+from raypd.cluster.openai.metrics import STATE_KEY
+from raypd.cluster.serve.fair_share import TenantShares
 from raypd.protocol.sampling_params import PRIORITY_BOUND
 
 GATED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    priority: int
+    arrival: int
+    tenant: str
+    future: asyncio.Future
 
 
 class AdmissionGate:
@@ -46,8 +59,11 @@ class AdmissionGate:
         self.ongoing = 0
         self.num_refused = 0    # 429s, displaced waiters included
         self.num_displaced = 0  # waiters refused for a more urgent newcomer
-        # The line: a heap of (priority, arrival, future); only futures still waiting are in it.
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self.shares = TenantShares()
+        # The line: only waiters still waiting are in it. Its order changes as tenants are served, so
+        # it is searched (max_queued entries) rather than kept sorted.
+        self._waiters: list[Waiter] = []
+        self._in_line: Counter[str] = Counter()  # waiters per tenant
         self._arrivals = itertools.count()
 
     @property
@@ -57,17 +73,33 @@ class AdmissionGate:
     def would_wait(self) -> bool:
         return self.ongoing >= self.max_ongoing or bool(self._waiters)
 
-    async def acquire(self, priority: int = 0) -> None:
+    def _rank(self, w: Waiter) -> tuple[int, float, int, int]:
+        """A waiter's place in line, smallest first: priority, its tenant's share served, how many of
+        its tenant's requests wait (a tie between tenants goes to the one with fewer), arrival."""
+        return w.priority, self.shares.counter(w.tenant), self._in_line[w.tenant], w.arrival
+
+    def _leave(self, w: Waiter) -> None:
+        self._in_line[w.tenant] -= 1
+        if not self._in_line[w.tenant]:
+            del self._in_line[w.tenant]
+
+    async def acquire(self, priority: int = 0, tenant: str = "anonymous") -> None:
         """Take a slot, waiting in line if every slot is taken; RateLimited when the line is full of
-        requests at least as urgent (or, later, when a more urgent one displaces this one)."""
+        requests ahead of this one (or, later, when one that goes ahead displaces this one)."""
         if not self.would_wait():
             self.ongoing += 1
             return
+        self.shares.start_waiting(tenant, self._in_line)
+        entry = Waiter(priority, next(self._arrivals), tenant, asyncio.get_running_loop().create_future())
+        self._in_line[tenant] += 1  # ranked as if in line
         if len(self._waiters) >= self.max_queued:
-            self._refuse_least_urgent_or(priority)
-        waiter = asyncio.get_running_loop().create_future()
-        entry = (priority, next(self._arrivals), waiter)
-        heapq.heappush(self._waiters, entry)
+            try:
+                self._refuse_last_of(entry)
+            except RateLimited:
+                self._leave(entry)
+                raise
+        self._waiters.append(entry)
+        waiter = entry.future
         try:
             await waiter  # release() hands its slot over: `ongoing` already counts us
         except BaseException:
@@ -75,34 +107,38 @@ class AdmissionGate:
                 self.release()  # handed a slot as we were cancelled: pass it on
             else:
                 waiter.cancel()
-                self._remove(entry)
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
+                    self._leave(entry)
             raise
 
-    def _refuse_least_urgent_or(self, priority: int) -> None:
-        """The line is full: displace its least urgent waiter if this request is more urgent, else
-        refuse this request (raise)."""
-        worst = max(self._waiters, key=lambda e: (e[0], e[1]), default=None)
+    def _refuse_last_of(self, newcomer: Waiter) -> None:
+        """The line is full: refuse whichever of the newcomer and the last waiter in line comes last
+        (raise for the newcomer; the waiter displaced gets its 429 where it waits)."""
         self.num_refused += 1
-        if worst is None or worst[0] <= priority:
+        last = max(self._waiters, key=self._rank, default=None)
+        if last is None or self._rank(newcomer) > self._rank(last):
             raise RateLimited(f"this server is at capacity: {self.ongoing} requests in progress and "
                               f"{self.queued} waiting; retry later", code="ingress_queue_full")
         self.num_displaced += 1
-        self._remove(worst)
-        worst[2].set_exception(RateLimited(
-            f"this server is at capacity and a more urgent request took this one's place in line "
-            f"(its priority {worst[0]}); retry later", code="ingress_queue_full"))
+        self._waiters.remove(last)
+        self._leave(last)
+        why = (f"a more urgent request (its priority {last.priority})" if newcomer.priority < last.priority
+               else f"a request of a tenant served less than {last.tenant!r}")
+        last.future.set_exception(RateLimited(f"this server is at capacity and {why} took this one's place in "
+                                              "line; retry later", code="ingress_queue_full"))
 
-    def _remove(self, entry: tuple[int, int, asyncio.Future]) -> None:
-        with suppress(ValueError):
-            self._waiters.remove(entry)
-            heapq.heapify(self._waiters)
-
-    def release(self) -> None:
-        """Give a slot back: to the most urgent waiter (the oldest of equals), else to the pool."""
+    def release(self, tenant: str | None = None, tokens: int = 0, weight: float = 1.0) -> None:
+        """Give a slot back, charging `tenant` the tokens its request was served (fair_share.py):
+        the slot goes to the first waiter in line, else back to the pool."""
+        if tenant is not None:
+            self.shares.charge(tenant, tokens, weight, self._in_line)
         while self._waiters:
-            _, _, waiter = heapq.heappop(self._waiters)
-            if not waiter.done():
-                waiter.set_result(None)
+            first = min(self._waiters, key=self._rank)
+            self._waiters.remove(first)
+            self._leave(first)
+            if not first.future.done():
+                first.future.set_result(None)
                 return
         self.ongoing -= 1
 
@@ -135,19 +171,21 @@ class AdmissionMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GATED_PATHS:
             return await self.app(scope, receive, send)
-        priority = caller_in(scope).priority
+        caller = caller_in(scope)
+        priority = caller.priority
         if self.gate.would_wait():  # its place in line depends on its priority: read it
             first = await receive()  # the body the guard buffered, in one message
             priority = requested_priority(first.get("body", b""), priority)
             receive = replay_first(first, receive)
         try:
-            await self.gate.acquire(priority)
+            await self.gate.acquire(priority, caller.tenant)
         except RateLimited as e:
             return await e.response()(scope, receive, send)
         try:
             await self.app(scope, receive, send)
         finally:
-            self.gate.release()
+            record = scope.get("state", {}).get(STATE_KEY)  # the metrics' record counts the tokens served
+            self.gate.release(caller.tenant, record.served_tokens if record is not None else 1, caller.weight)
 
 
 def replay_first(first: dict, receive):
