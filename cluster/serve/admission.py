@@ -5,10 +5,11 @@ ordered by priority, or get 429 at once.
         ├─ fewer than max_ongoing hold a slot, nobody queued ─> a slot: on to the app
         ├─ max_ongoing hold slots, fewer than max_queued wait ─> wait for a slot handed over
         └─ max_queued already wait ─> 429 rate_limit_error, code ingress_queue_full, Retry-After, to
-           the less urgent of this request and the least urgent waiter (the newer of equals): a
-           waiter displaced so gets the 429 instead, and the newcomer takes its place in line
+           whichever of this request and the last waiter in line comes last: a waiter displaced so
+           gets the 429 instead, and the newcomer takes its place in line
     the response has ended (streams included), the client left, or the waiter was cancelled
-        ─> release(): the slot goes to the most urgent waiter (the oldest of equals), or back to the pool
+        ─> release(tenant, tokens served): the tenant is charged, the slot goes to the first waiter
+           in line, or back to the pool
 
 Priority is the request's `priority` field, or its API key's default (api_keys.py), lower first.
 Within a priority, tenants share the slots by the tokens each has been served (fair_share.py: the
@@ -58,7 +59,7 @@ class AdmissionGate:
         self.max_queued = max_queued
         self.ongoing = 0
         self.num_refused = 0    # 429s, displaced waiters included
-        self.num_displaced = 0  # waiters refused for a more urgent newcomer
+        self.num_displaced = 0  # waiters refused for a newcomer that goes ahead of them
         self.shares = TenantShares()
         # The line: only waiters still waiting are in it. Its order changes as tenants are served, so
         # it is searched (max_queued entries) rather than kept sorted.
