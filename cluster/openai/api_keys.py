@@ -17,7 +17,7 @@ The file (YAML, or JSON, which YAML reads):
 
 A request's tenant is its `x-raypd-tenant` header when it sends one (a gateway in front that knows
 the end user), else its key's (guard.py). Tenants share a contended ingress by tokens served, in
-proportion to their weights (cluster/serve/fair_share.py).
+proportion to their weights (protocol/fair_share.py).
 
 A request's `priority` field, when sent, wins over its key's default (the key's is what an operator
 promises a tenant, the field what a client asks for one request; vLLM and SGLang take the field).

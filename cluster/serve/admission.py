@@ -12,7 +12,7 @@ ordered by priority, or get 429 at once.
            in line, or back to the pool
 
 Priority is the request's `priority` field, or its API key's default (api_keys.py), lower first.
-Within a priority, tenants share the slots by the tokens each has been served (fair_share.py: the
+Within a priority, tenants share the slots by the tokens each has been served (protocol/fair_share.py: the
 tenant served least goes first, then the one with fewer requests in line, each tenant's oldest
 request first), and in a full line a newcomer that goes ahead so displaces the last waiter: a
 flooding tenant's newest request, not another tenant's only one. With one tenant this is first
@@ -37,7 +37,7 @@ from raypd.cluster.openai.api_errors import APIError, RateLimited
 from raypd.cluster.openai.guard import caller_in
 from raypd.cluster.openai.json_shape import check_json_shape
 from raypd.cluster.openai.metrics import STATE_KEY
-from raypd.cluster.serve.fair_share import TenantShares
+from raypd.protocol.fair_share import TenantShares
 from raypd.protocol.sampling_params import PRIORITY_BOUND
 
 GATED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -130,7 +130,7 @@ class AdmissionGate:
                                               "line; retry later", code="ingress_queue_full"))
 
     def release(self, tenant: str | None = None, tokens: int = 0, weight: float = 1.0) -> None:
-        """Give a slot back, charging `tenant` the tokens its request was served (fair_share.py):
+        """Give a slot back, charging `tenant` the tokens its request was served (protocol/fair_share.py):
         the slot goes to the first waiter in line, else back to the pool."""
         if tenant is not None:
             self.shares.charge(tenant, tokens, weight, self._in_line)

@@ -33,12 +33,14 @@ def build_app(service: OpenAIService, api_key: KeyRing | str | None, max_body_by
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = with_caller_priority(parse_body(await request.body(), ChatCompletionRequest), request.state)
-        return await _guarded(service.chat(body, record_of(request.state), deadline_of(request.state)))
+        return await _guarded(service.chat(body, record_of(request.state), deadline_of(request.state),
+                                           caller_of(request.state).tenant))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = with_caller_priority(parse_body(await request.body(), CompletionRequest), request.state)
-        return await _guarded(service.completions(body, record_of(request.state), deadline_of(request.state)))
+        return await _guarded(service.completions(body, record_of(request.state), deadline_of(request.state),
+                                                  caller_of(request.state).tenant))
 
     @app.get("/v1/models")
     async def models():

@@ -1,4 +1,4 @@
-"""Tenant fairness at the ingress's line (cluster/serve/fair_share.py, cluster/serve/admission.py),
+"""Tenant fairness at the ingress's line (protocol/fair_share.py, cluster/serve/admission.py),
 without Ray: Virtual Token Counters (charged by tokens served, over the tenant's weight; a returning
 tenant lifted to the line's smallest counter, so idle time banks nothing), the line's order between
 two tenants, a flood that cannot keep another tenant out of a full line, the `x-raypd-tenant`
@@ -13,9 +13,9 @@ import pytest
 from raypd.cluster.openai.api_errors import RateLimited
 from raypd.cluster.openai.api_keys import Caller, KeyRing
 from raypd.cluster.openai.guard import CALLER_KEY, GuardMiddleware
-from raypd.cluster.serve import fair_share
 from raypd.cluster.serve.admission import AdmissionGate
-from raypd.cluster.serve.fair_share import TenantShares
+from raypd.protocol import fair_share
+from raypd.protocol.fair_share import TenantShares
 
 
 def test_counters_charge_tokens_over_weight_and_lift_a_returning_tenant():

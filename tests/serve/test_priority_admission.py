@@ -2,7 +2,7 @@
 gate's line ordered by priority then arrival, a full line that refuses the least urgent (a waiter
 displaced by a more urgent newcomer gets the 429), API keys that name a tenant and a default
 priority, and through the real app: the order in which waiting requests reach the nodes and the
-priority each one carries there (its field, else its key's default)."""
+priority and tenant each one carries there (its field, else its key's default; its key's tenant)."""
 from __future__ import annotations
 
 import asyncio
@@ -118,15 +118,15 @@ def test_no_key_configured_means_an_open_ingress():
 
 # -- through the app -----------------------------------------------------------------------------------
 class OrderDriver(HeldDriver):
-    """Records, in the order requests reach the nodes, each one's prompt and priority."""
+    """Records, in the order requests reach the nodes, each one's prompt, priority and tenant."""
 
     def __init__(self, chunks: list[TokenChunk]):
         super().__init__(chunks)
-        self.seen: list[tuple[str, int]] = []
+        self.seen: list[tuple[str, int, str]] = []
         self.tokenizer = None
 
     async def generate(self, request_id, prompt_token_ids, params, prefill, decode=None):
-        self.seen.append((self.tokenizer.hf.decode(prompt_token_ids), params.priority))
+        self.seen.append((self.tokenizer.hf.decode(prompt_token_ids), params.priority, params.tenant))
         async for chunk in super().generate(request_id, prompt_token_ids, params, prefill, decode):
             yield chunk
 
@@ -161,6 +161,6 @@ def test_waiting_requests_reach_the_nodes_by_priority_with_their_keys_defaults(t
     refused, results, seen = asyncio.run(run())
     assert refused[0] == 401
     assert [status for status, _, _ in results] == [200] * 5
-    assert seen == [("first", 10), ("batch asking", -5), ("web default", -1), ("batch default", 10),
-                    ("web asking low", 20)]
+    assert seen == [("first", 10, "batch"), ("batch asking", -5, "batch"), ("web default", -1, "web"),
+                    ("batch default", 10, "batch"), ("web asking low", 20, "web")]
     assert (gate.ongoing, gate.queued) == (0, 0)

@@ -1,5 +1,7 @@
-"""Tenant fairness at the ingress's line: Virtual Token Counters (Sheng et al., "Fairness in Serving
-Large Language Models", OSDI 2024), the order in which waiting requests of one priority get slots.
+"""Tenant fairness: Virtual Token Counters (Sheng et al., "Fairness in Serving Large Language
+Models", OSDI 2024), the order in which waiting requests of one priority start. One algorithm in two
+places: the ingress's line (cluster/serve/admission.py: who gets a slot) and each node's waiting
+queue (engine/scheduler.py: who is admitted to run), the latter charging the tokens it computes.
 
     counter[t]   tokens served to tenant t (prompt + output, as its responses' usage counts them),
                  divided by t's weight (api_keys.py: `weight`, default 1)
