@@ -321,10 +321,10 @@ class Scheduler:
         """Priority first, then the tenant's counter, then lpm's longest cached prefix; a stable sort
         keeps arrival order (and a preempted or retracted request first) among equals."""
         cfg = self.config
+        if not self.waiting:  # nothing to order (and no tenant to lift: none came)
+            return
         lpm = cfg.schedule_policy == "lpm" and cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
         self._lift_new_tenants()
-        if not self.waiting:
-            return
         head = self.waiting[0].params
         if not lpm and all(r.params.priority == head.priority and r.params.tenant == head.tenant for r in self.waiting):
             return
