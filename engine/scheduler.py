@@ -21,6 +21,11 @@ queue is ordered by priority, then by the policy's order. When the head of the q
 for want of a running slot or of memory, the least urgent running request that is less urgent than
 it (the newest among equals) is preempted: back to the waiting queue, first of its priority, with
 its computed blocks left in the prefix cache, so it resumes from there (vLLM's priority policy).
+Tenants (SamplingParams.tenant) share the node within a priority: the waiting requests of the
+tenant this node has computed the fewest tokens for come first (Virtual Token Counters,
+protocol/fair_share.py; a tenant that comes back is lifted to the smallest counter of those with
+requests here), then the policy's order. Fairness orders the queue only: it preempts
+nothing, and with one tenant the order is the policy's alone.
 Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
 mixes decode tokens with prefill chunks (continuous batching). `max_prefill_tokens_per_step` caps
 the prompt tokens of a step that also decodes (a decode node that prefills prompts itself keeps
@@ -37,6 +42,7 @@ from typing import Literal
 from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.request import Request, RequestStatus
+from raypd.protocol.fair_share import TenantShares
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,8 @@ class Scheduler:
         self.new_token_ratio = config.init_new_token_ratio
         self.num_retractions = 0
         self.num_preemptions = 0
+        self.shares = TenantShares()          # tokens computed per tenant
+        self._backlogged: set[str] = set()    # tenants with requests here at the last sort
 
     # -- queue operations -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -229,28 +237,36 @@ class Scheduler:
                 break
         return budget
 
-    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, float]]:
-        """Each prompt's priority, then its uncomputed tokens (a waiting one's cached prefix counted
+    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, float, float]]:
+        """Each prompt's priority, its tenant's counter, then its uncomputed tokens (a waiting one's cached prefix counted
         as computed, when the queue is short enough to look it up) less its aging credit."""
         cfg = self.config
         now, bs = time.monotonic(), cfg.block_size
         look_up = cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
+        self._lift_new_tenants()
+        counter = self.shares.counter
         keys = {}
         for r in [*prefills, *self.waiting]:
             todo = r.num_tokens - r.num_computed_tokens
             if look_up and r.status == RequestStatus.WAITING and r.prefix_node is None:
                 todo -= self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks * bs
-            keys[r] = (r.params.priority, todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
+            keys[r] = (r.params.priority, counter(r.params.tenant), todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
         return keys
 
     def update(self, batch: ScheduledBatch) -> None:
-        """Account the KV computed by `batch`; the caller appends sampled tokens afterwards."""
+        """Account the KV computed by `batch`, and its tokens to their tenants; the caller appends
+        sampled tokens afterwards."""
+        computed: dict[str, int] = {}
         for item in batch.items:
             req = item.request
             req.num_computed_tokens += item.num_tokens
+            tenant = req.params.tenant
+            computed[tenant] = computed.get(tenant, 0) + item.num_tokens
             # Publish prompt blocks as soon as they exist so concurrent requests can share them.
             if self.config.enable_prefix_cache and req.num_computed_tokens <= req.num_prompt_tokens:
                 self._cache_computed(req)
+        for tenant, n in computed.items():
+            self.shares.charge(tenant, n, 1.0, self._backlogged)
 
     # -- admission ------------------------------------------------------------------------------
     def _admit(self, budget: int, scheduled: dict[Request, ScheduledRequest]) -> int:
@@ -302,17 +318,34 @@ class Scheduler:
         return budget - n
 
     def _sort_waiting(self) -> None:
-        """Priority first, then lpm's longest cached prefix; a stable sort keeps arrival order (and a
-        preempted or retracted request first) among equals."""
+        """Priority first, then the tenant's counter, then lpm's longest cached prefix; a stable sort
+        keeps arrival order (and a preempted or retracted request first) among equals."""
         cfg = self.config
+        if not self.waiting:  # nothing to order (and no tenant to lift: none came)
+            return
         lpm = cfg.schedule_policy == "lpm" and cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
-        first = self.waiting[0].params.priority if self.waiting else 0
-        if not lpm and all(r.params.priority == first for r in self.waiting):
+        self._lift_new_tenants()
+        head = self.waiting[0].params
+        if not lpm and all(r.params.priority == head.priority and r.params.tenant == head.tenant for r in self.waiting):
             return
         bs = cfg.block_size
         match = {id(r): self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks
                  for r in self.waiting} if lpm else {}
-        self.waiting = deque(sorted(self.waiting, key=lambda r: (r.params.priority, -match.get(id(r), 0))))
+        counter = self.shares.counter
+        self.waiting = deque(sorted(self.waiting, key=lambda r: (r.params.priority, counter(r.params.tenant),
+                                                                 -match.get(id(r), 0))))
+
+    def _lift_new_tenants(self) -> None:
+        """Tenants with requests here (waiting or running) that had none at the last sort are lifted
+        to the smallest counter of those that had (protocol/fair_share.py): time away from this node
+        banks no credit."""
+        present = {r.params.tenant for r in self.waiting}
+        present.update(r.params.tenant for r in self.running)
+        if present != self._backlogged:
+            before = present & self._backlogged
+            for tenant in present - self._backlogged:
+                self.shares.start_waiting(tenant, before)
+            self._backlogged = present
 
     def _preempt_for(self, head: Request, scheduled: dict[Request, ScheduledRequest]) -> int | None:
         """Make room for `head`: the least urgent running request that is less urgent than it (the

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from raypd.protocol.errors import InvalidRequestError
 
 PRIORITY_BOUND = 2**31 - 1
+TENANT_MAX_LEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,9 @@ class SamplingParams:
     # Scheduling, not sampling: a lower number is more urgent (vLLM's convention), 0 by default. It
     # travels here because these params go with the request to every node that serves it.
     priority: int = 0
+    # Scheduling too: whose request this is (the ingress's caller, cluster/openai/api_keys.py). Each
+    # node shares its waiting queue among tenants by tokens computed (protocol/fair_share.py).
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -49,6 +53,8 @@ class SamplingParams:
                 or not -PRIORITY_BOUND <= self.priority <= PRIORITY_BOUND):
             raise InvalidRequestError(f"priority must be an integer in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}], "
                                       f"got {self.priority!r}", "priority")
+        if not isinstance(self.tenant, str) or len(self.tenant) > TENANT_MAX_LEN:
+            raise InvalidRequestError(f"tenant must be a string of at most {TENANT_MAX_LEN} characters", "tenant")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         for t in self.stop_token_ids:
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:

@@ -69,6 +69,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require this bearer key (default: $RAYPD_API_KEY; none if unset)")
+    p.add_argument("--api-keys-file", default=None, metavar="PATH",
+                   help="accept these keys, each with its tenant and default priority (YAML: keys: [{key, tenant, "
+                        "priority}]); with --api-key, both are accepted")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting a local one")
     p.add_argument("--ingress-replicas", type=int, default=1)
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
@@ -119,6 +122,7 @@ def config_from_args(args):
         mixed_nodes=args.mixed_nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
         place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options=transfer_options(args), policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
+        api_keys_file=args.api_keys_file,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
         request_timeout_s=args.request_timeout,
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
@@ -157,12 +161,15 @@ def run_serve(args) -> int:
 
     try:
         config = config_from_args(args)
+        keys = config.key_ring()  # a bad keys file: one line now, not a replica that fails to start
         check_port_free(args.host, args.port)
         check_metrics_port(args.metrics_export_port)
         resolve_model(config.model)  # model not found -> one line now; converts a GGUF once, for every process
     except (ServeConfigError, ServeStartError, EngineError) as e:
         print(f"raypd serve: error: {e}", file=sys.stderr)
         return 2
+    if keys is not None:
+        log.info("API keys: %d (%r)", len(keys), keys)
     server = Server(config, args)
     _handle_signals()
     try:
@@ -222,7 +229,8 @@ class Server:
         log.info("back-pressure (429 beyond): %d requests in progress + %d queued per ingress replica; "
                  "SLO admission %s", ongoing, queued, slo)
         log.info("OpenAI endpoint: http://%s:%d/v1  (model %r%s)", _url_host(self.args.host), self.args.port,
-                 self.config.model_name(), ", API key required" if self.config.api_key else "")
+                 self.config.model_name(), ", API key required" if self.config.api_key or self.config.api_keys_file
+                 else "")
         dashboard = getattr(ctx, "dashboard_url", None)
         log.info("Ray dashboard: %s", f"http://{dashboard}" if dashboard else "not running")
         gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address")

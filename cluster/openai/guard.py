@@ -1,6 +1,7 @@
 """The ingress's gate, as plain ASGI middleware in front of FastAPI: the API key (401), the body
 size limit (413) and the body's upload time (408), decided before any byte of the body is parsed;
-and the request's deadline, stamped at arrival into the scope's state (`deadline_of`).
+the request's deadline, stamped at arrival into the scope's state (`deadline_of`), and its caller,
+the tenant and default priority its key names (api_keys.py; `caller_of`).
 
 A declared Content-Length over the limit is refused without reading; a chunked body is read up to
 the limit and refused as soon as it passes it. The accepted body is buffered and replayed to the
@@ -14,17 +15,22 @@ replica for as long as it likes.
 from __future__ import annotations
 
 import asyncio
-import hmac
+import dataclasses
+import re
 from typing import Any
 
 from raypd.cluster.openai.api_errors import APIError, BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
+from raypd.cluster.openai.api_keys import ANONYMOUS, Caller, KeyRing
 from raypd.cluster.openai.deadline import until
 
 # Probes must work without the key: the Helm chart's readiness and liveness probes send no header.
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/health/live"})
 # 4 MB (the default body limit) in 30 s is 1.1 Mbit/s: a slow link still makes it, a stalled one not.
 BODY_TIMEOUT_S = 30.0
+TENANT_HEADER = b"x-raypd-tenant"  # a gateway's name for the end user: the request's tenant (api_keys.py)
+TENANT_NAME = re.compile(rb"[A-Za-z0-9._:@-]{1,64}")
 DEADLINE_KEY = "raypd_deadline"  # the request's deadline (event-loop time) in the ASGI scope's state
+CALLER_KEY = "raypd_caller"      # the request's Caller (its key's tenant and default priority), likewise
 
 
 def deadline_of(state: Any) -> float | None:
@@ -32,11 +38,22 @@ def deadline_of(state: Any) -> float | None:
     return getattr(state, DEADLINE_KEY, None)
 
 
+def caller_of(state: Any) -> Caller:
+    """The caller GuardMiddleware stamped into a Starlette request.state (ANONYMOUS: no keys)."""
+    return getattr(state, CALLER_KEY, ANONYMOUS)
+
+
+def caller_in(scope: dict) -> Caller:
+    """The same, read from the ASGI scope by middleware inside the guard."""
+    return scope.get("state", {}).get(CALLER_KEY, ANONYMOUS)
+
+
 class GuardMiddleware:
-    def __init__(self, app, api_key: str | None, max_body_bytes: int, request_timeout_s: float | None = None,
+    def __init__(self, app, api_key: KeyRing | str | None, max_body_bytes: int, request_timeout_s: float | None = None,
                  body_timeout_s: float = BODY_TIMEOUT_S):
+        """api_key: the keys accepted (a KeyRing, or one key as a string); None: no key needed."""
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        self.keys = KeyRing.single(api_key) if isinstance(api_key, str) else api_key
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.body_timeout_s = body_timeout_s
@@ -46,11 +63,17 @@ class GuardMiddleware:
             return await self.app(scope, receive, send)
         arrival = asyncio.get_running_loop().time()
         deadline = None if self.request_timeout_s is None else arrival + self.request_timeout_s
-        scope.setdefault("state", {})[DEADLINE_KEY] = deadline
+        state = scope.setdefault("state", {})
+        state[DEADLINE_KEY], state[CALLER_KEY] = deadline, ANONYMOUS
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         try:
-            if self.api_key is not None and scope.get("path") not in OPEN_PATHS:
-                self._check_key(headers.get(b"authorization"), self.api_key)
+            if self.keys is not None and scope.get("path") not in OPEN_PATHS:
+                state[CALLER_KEY] = self._check_key(headers.get(b"authorization"), self.keys)
+            tenant = headers.get(TENANT_HEADER)
+            if tenant is not None:
+                if not TENANT_NAME.fullmatch(tenant):
+                    raise BadRequest("x-raypd-tenant must be 1-64 letters, digits or ._:@-", code="invalid_header")
+                state[CALLER_KEY] = dataclasses.replace(state[CALLER_KEY], tenant=tenant.decode())
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 return await self.app(scope, receive, send)
             body_deadline = min(arrival + self.body_timeout_s, deadline or float("inf"))
@@ -72,13 +95,15 @@ class GuardMiddleware:
         await self.app(scope, replay, send)
 
     @staticmethod
-    def _check_key(authorization: bytes | None, expected: bytes) -> None:
+    def _check_key(authorization: bytes | None, keys: KeyRing) -> Caller:
         if not authorization:
             raise Unauthorized("You didn't provide an API key: send it as 'Authorization: Bearer <key>'",
                                code="missing_api_key")
         scheme, _, key = authorization.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), expected):
+        caller = keys.caller(key.strip()) if scheme.lower() == b"bearer" else None
+        if caller is None:
             raise Unauthorized("Incorrect API key provided", code="invalid_api_key")
+        return caller
 
     def _body_timed_out(self) -> RequestTimeout:
         waited = min(self.body_timeout_s, self.request_timeout_s or self.body_timeout_s)

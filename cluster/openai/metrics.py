@@ -11,6 +11,11 @@ Exported (Ray adds the prefix `ray_`; counters also get `_total`):
   raypd_ingress_replays{reason}     streams replayed elsewhere after tokens were sent
                                     reason: overloaded | <role>_node_failed | node_failed | unattributed
   raypd_ingress_recovery_waits      routings that found no node and waited for one to come back
+  raypd_ingress_priority_requests{priority,status}  requests that reached generation, by priority
+  raypd_ingress_priority_ttft_seconds{priority}     their TTFT, by priority (histogram)
+                                    priority: the request's (its field, else its key's default) as
+                                    an integer string from -10 to 10, "<-10" or ">10" beyond: a
+                                    bounded set of series whatever integers clients send
 
 Who records what, per generation request (one RequestRecord each):
   MetricsMiddleware  creates it at arrival, and counts the status from the HTTP code unless the
@@ -43,6 +48,17 @@ TPOT_S = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1
 E2E_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0]
 
 
+PRIORITY_LABEL_BOUND = 10
+
+
+def priority_label(priority: int) -> str:
+    if priority < -PRIORITY_LABEL_BOUND:
+        return f"<-{PRIORITY_LABEL_BOUND}"
+    if priority > PRIORITY_LABEL_BOUND:
+        return f">{PRIORITY_LABEL_BOUND}"
+    return str(priority)
+
+
 def status_of(http_status: int) -> Status:
     if http_status < 400:
         return "ok"
@@ -67,6 +83,10 @@ class IngressMetrics:
         self.prompt_tokens = api.Counter(p + "prompt_tokens", "prompt tokens (once per prompt)", tags)
         self.completion_tokens = api.Counter(p + "completion_tokens", "generated tokens", tags)
         self.cached_tokens = api.Counter(p + "cached_tokens", "prompt tokens served from a prefix cache", tags)
+        self.priority_requests = api.Counter(p + "priority_requests", "requests that reached generation, by "
+                                             "priority and how they ended", ("priority", "status"))
+        self.priority_ttft = api.Histogram(p + "priority_ttft_seconds", "time to first text per choice, by priority",
+                                           TTFT_S, ("priority",))
         self.failover = FailoverMetrics(api)
 
     def start(self, endpoint: str) -> RequestRecord:
@@ -86,13 +106,15 @@ class FailoverMetrics:
 
 class RequestRecord:
     """One generation request from arrival to its status; finish() counts it once, whoever calls first."""
-    __slots__ = ("metrics", "endpoint", "t0", "status", "_last_event")
+    __slots__ = ("metrics", "endpoint", "t0", "status", "priority", "served_tokens", "_last_event")
 
     def __init__(self, metrics: IngressMetrics, endpoint: str, t0: float):
         self.metrics = metrics
         self.endpoint = endpoint
         self.t0 = t0
         self.status: Status | None = None
+        self.priority: str | None = None  # its priority's label, once it reaches generation (track)
+        self.served_tokens = 0  # prompt and output tokens as its usage counts them (the tenant's share)
         self._last_event = t0
 
     def finish(self, status: Status) -> None:
@@ -101,6 +123,8 @@ class RequestRecord:
         self.status = status
         m = self.metrics
         m.requests.inc(1, {"endpoint": self.endpoint, "status": status})
+        if self.priority is not None:
+            m.priority_requests.inc(1, {"priority": self.priority, "status": status})
         if status == "ok":
             m.e2e.observe(self._last_event - self.t0, {"endpoint": self.endpoint})
 
@@ -111,6 +135,8 @@ class RequestRecord:
         `echo`, a choice's first event is its echoed prompt, not generated text.
         Errors leave as their APIError, so the layers above map nothing twice."""
         m, tags = self.metrics, {"endpoint": self.endpoint}
+        self.priority = priority_label(prepared.jobs[0].params.priority if prepared.jobs else 0)
+        by_priority = {"priority": self.priority}
         prompt_of = {job.index: job.prompt_index for job in prepared.jobs}
         echoed = {job.index for job in prepared.jobs if echo and echo[job.prompt_index]}
         first: dict[int, float] = {}  # choice -> time of its first generated text
@@ -127,6 +153,7 @@ class RequestRecord:
                 if not is_echo and e.index not in first:
                     first[e.index] = now
                     m.ttft.observe(max(now - self.t0, 0.0), tags)
+                    m.priority_ttft.observe(max(now - self.t0, 0.0), by_priority)
                 if e.finish_reason:
                     completion += e.completion_tokens
                     p = prompt_of.get(e.index, 0)
@@ -145,6 +172,7 @@ class RequestRecord:
                 raise
             raise err from e
         finally:
+            self.served_tokens = prompt_tokens + completion
             if completion:
                 m.completion_tokens.inc(completion, tags)
             if sum(cached.values()):

@@ -102,7 +102,7 @@ def check_generations(req: ChatCompletionRequest | CompletionRequest, prompt_cou
 
 
 def prepare(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]],
-            limits: ModelLimits) -> PreparedRequest:
+            limits: ModelLimits, tenant: str = "") -> PreparedRequest:
     check_generations(req, len(prompts))
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
     for ids in prompts:
@@ -114,7 +114,7 @@ def prepare(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[i
     for p, ids in enumerate(prompts):
         max_tokens = _max_tokens(requested, len(ids), limits)
         for j in range(req.n):
-            jobs.append(ChoiceJob(p * req.n + j, p, _sampling_params(req, max_tokens, j, limits)))
+            jobs.append(ChoiceJob(p * req.n + j, p, _sampling_params(req, max_tokens, j, limits, tenant)))
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if any(not s for s in stops):
         raise BadRequest("stop strings must not be empty", "stop")
@@ -156,7 +156,8 @@ def _max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> 
     return requested
 
 
-def _sampling_params(req: _SamplingFields, max_tokens: int, choice: int, limits: ModelLimits) -> SamplingParams:
+def _sampling_params(req: _SamplingFields, max_tokens: int, choice: int, limits: ModelLimits,
+                     tenant: str = "") -> SamplingParams:
     stop_ids = tuple(req.stop_token_ids or ())
     bad = next((t for t in stop_ids if not 0 <= t < limits.vocab_size), None)
     if bad is not None:
@@ -174,6 +175,7 @@ def _sampling_params(req: _SamplingFields, max_tokens: int, choice: int, limits:
         stop_token_ids=stop_ids,
         ignore_eos=req.ignore_eos,
         priority=req.priority or 0,
+        tenant=tenant,
     )
 
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raypd.cluster.openai.api_errors import APIError, MethodNotAllowed, NotFound, api_error, from_validation_errors
-from raypd.cluster.openai.guard import GuardMiddleware, deadline_of
+from raypd.cluster.openai.api_keys import KeyRing
+from raypd.cluster.openai.guard import GuardMiddleware, caller_of, deadline_of
 from raypd.cluster.openai.json_shape import check_json_shape
 from raypd.cluster.openai.metrics import IngressMetrics, MetricsMiddleware, record_of
 from raypd.cluster.openai.request_schema import ChatCompletionRequest, CompletionRequest
@@ -24,20 +25,22 @@ from raypd.cluster.serve.admission import AdmissionGate, AdmissionMiddleware
 from raypd.cluster.serve.service import OpenAIService
 
 
-def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, replica: str = "",
+def build_app(service: OpenAIService, api_key: KeyRing | str | None, max_body_bytes: int, replica: str = "",
               metrics: IngressMetrics | None = None, gate: AdmissionGate | None = None,
               request_timeout_s: float | None = None) -> FastAPI:
     app = FastAPI(title="raypd", description="OpenAI-compatible endpoint of a raypd cluster")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = parse_body(await request.body(), ChatCompletionRequest)
-        return await _guarded(service.chat(body, record_of(request.state), deadline_of(request.state)))
+        body = with_caller_priority(parse_body(await request.body(), ChatCompletionRequest), request.state)
+        return await _guarded(service.chat(body, record_of(request.state), deadline_of(request.state),
+                                           caller_of(request.state).tenant))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = parse_body(await request.body(), CompletionRequest)
-        return await _guarded(service.completions(body, record_of(request.state), deadline_of(request.state)))
+        body = with_caller_priority(parse_body(await request.body(), CompletionRequest), request.state)
+        return await _guarded(service.completions(body, record_of(request.state), deadline_of(request.state),
+                                                  caller_of(request.state).tenant))
 
     @app.get("/v1/models")
     async def models():
@@ -85,6 +88,12 @@ def build_app(service: OpenAIService, api_key: str | None, max_body_bytes: int, 
     # Added last, so outermost: it also counts the requests the guard refuses (401, 413).
     app.add_middleware(MetricsMiddleware, metrics=metrics or IngressMetrics())
     return app
+
+
+def with_caller_priority(body, state):
+    """The request with its API key's default priority (api_keys.py) when it sends none of its own."""
+    default = caller_of(state).priority
+    return body.model_copy(update={"priority": default}) if body.priority is None and default else body
 
 
 def parse_body(raw: bytes, model: type[BaseModel]):

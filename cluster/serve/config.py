@@ -11,6 +11,7 @@ from pathlib import Path
 
 from raypd.cluster.launch.gpu_budget import GpuBudgetError, check_gpus_per_node, gpus_per_node
 from raypd.cluster.launch.local_cluster import ClusterSpec
+from raypd.cluster.openai.api_keys import KeyRing, KeysFileError
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import SECRET_ENV, DataPlaneSecret, data_plane_secret_from_env
 
@@ -35,6 +36,9 @@ class ServeConfig:
     policy: str = "cost"
     topology: str | None = None           # topology file for the Conductor (passed through)
     api_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log line
+    # Several keys, each with its tenant and default priority (cluster/openai/api_keys.py); with
+    # api_key too, both are accepted. A path on every host that runs an ingress replica.
+    api_keys_file: str | None = None
     max_body_bytes: int = 4 << 20
     default_max_tokens: int | None = None  # output cap when a request sets none (None: rest of the context)
     ingress_replicas: int = 1
@@ -161,6 +165,17 @@ class ServeConfig:
         if args.get("mixed_nodes") and "prefill_nodes" not in args and "decode_nodes" not in args:
             args = {**args, "prefill_nodes": 0, "decode_nodes": 0}  # mixed alone means no PD nodes, as the CLI
         return cls(**args)
+
+    def key_ring(self) -> KeyRing | None:
+        """The keys the ingress accepts (None: no key needed); ServeConfigError for a bad keys file."""
+        ring = KeyRing.single(self.api_key) if self.api_key else None
+        if self.api_keys_file is not None:
+            try:
+                from_file = KeyRing.from_file(self.api_keys_file)
+            except KeysFileError as e:
+                raise ServeConfigError(str(e)) from None
+            ring = ring.merged(from_file) if ring else from_file
+        return ring
 
     @property
     def secret(self) -> DataPlaneSecret:

@@ -69,7 +69,7 @@ class OpenAIIngress:
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
-        return build_app(self.service, self.config.api_key, self.config.max_body_bytes, self.replica,
+        return build_app(self.service, self.config.key_ring(), self.config.max_body_bytes, self.replica,
                          gate=self.gate, request_timeout_s=self.config.request_timeout_s, metrics=self.metrics)
 
     def __del__(self):

@@ -42,22 +42,23 @@ class OpenAIService:
         self.created = int(time.time())
 
     async def chat(self, req: ChatCompletionRequest, rec: RequestRecord | None = None,
-                   deadline: float | None = None) -> Response:
+                   deadline: float | None = None, tenant: str = "") -> Response:
+        """tenant: whose request this is (the caller's, cluster/openai/api_keys.py), for the nodes' fair share."""
         self._check(req)
         check_generations(req, 1)
         ids = await until(deadline, self.prompts.chat(req))
-        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits), rec=rec,
+        return await self._respond("chat", "chatcmpl", req, prepare(req, [ids], self.limits, tenant), rec=rec,
                                    deadline=deadline)
 
     async def completions(self, req: CompletionRequest, rec: RequestRecord | None = None,
-                          deadline: float | None = None) -> Response:
+                          deadline: float | None = None, tenant: str = "") -> Response:
         self._check(req)
         items = _as_list(req.prompt)
         if not items:
             raise BadRequest("the prompt is empty", "prompt")
         check_generations(req, len(items))
         prompts = await until(deadline, self.prompts.completion(items))
-        prepared = prepare(req, prompts, self.limits)
+        prepared = prepare(req, prompts, self.limits, tenant)
         echo = None
         if req.echo:
             ids_only = [ids for p, ids in zip(items, prompts) if not isinstance(p, str)]

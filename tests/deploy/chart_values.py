@@ -35,6 +35,8 @@ HOSTPATH = {"model": {"path": "/models/m", "volume": {"type": "hostPath", "hostP
 PVC = {"model": {"volume": {"type": "persistentVolumeClaim",
                             "persistentVolumeClaim": {"size": "200Gi", "storageClassName": "efs"}}}}
 EXISTING_SECRET = {"apiKey": {"existingSecret": "my-key", "secretKey": "token"}}
+# Tenants' keys from a Secret of the user's (and no single key).
+KEYS_FILE = {"apiKeysFile": {"existingSecret": "tenant-keys"}}
 # InfiniBand/RoCE through the RDMA shared device plugin, on the hosts' network, a NIC per GPU.
 RDMA = {
     "rdma": {"resources": {"rdma/rdma_shared_device_a": 1}, "ipcLock": True},
@@ -49,7 +51,7 @@ EFA = {
     "shm": {"sizeLimit": "32Gi"},
     "nixl": {"backend": "LIBFABRIC"},
 }
-SCENARIOS = {"default": {}, "big": BIG, "mixed": MIXED, "cpu": CPU, "hostpath": HOSTPATH, "pvc": PVC,
+SCENARIOS = {"default": {}, "big": BIG, "keys-file": KEYS_FILE, "mixed": MIXED, "cpu": CPU, "hostpath": HOSTPATH, "pvc": PVC,
              "existing-secret": EXISTING_SECRET, "rdma": RDMA, "efa": EFA}
 
 

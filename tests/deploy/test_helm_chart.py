@@ -173,6 +173,22 @@ def test_existing_secret_is_referenced_not_created(render):
         assert env == {"name": "RAYPD_API_KEY", "valueFrom": {"secretKeyRef": {"name": "my-key", "key": "token"}}}
 
 
+def test_an_api_keys_file_secret_is_mounted_in_every_ray_container_and_named_to_the_app(render):
+    r = render({**EXISTING_SECRET, "apiKeysFile": {"existingSecret": "tenant-keys", "secretKey": "keys.yaml"}})
+    assert r.app_args["api_keys_file"] == "/etc/raypd-keys/keys.yaml"
+    specs = [r.head["template"]["spec"]] + [g["template"]["spec"] for g in r.cluster["workerGroupSpecs"]]
+    for spec in specs:
+        (vol,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+        assert vol["secret"] == {"secretName": "tenant-keys", "items": [{"key": "keys.yaml", "path": "keys.yaml"}]}
+        mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+        assert mounts["api-keys"] == {"name": "api-keys", "mountPath": "/etc/raypd-keys", "readOnly": True}
+    assert r.of_kind("Secret") == []  # referenced, never created
+    assert "API keys file: Secret tenant-keys" in r.notes
+    plain = render(EXISTING_SECRET)
+    assert "api_keys_file" not in plain.app_args
+    assert all(v["name"] != "api-keys" for v in plain.head["template"]["spec"].get("volumes", []))
+
+
 def test_data_plane_secret_reaches_every_ray_container_by_reference(render):
     r = render({**EXISTING_SECRET, "dataPlaneSecret": {"existingSecret": "dp", "secretKey": "k"}})
     for c in containers(r):

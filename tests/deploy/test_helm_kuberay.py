@@ -106,6 +106,9 @@ def test_app_args_are_what_the_app_builder_accepts(render, values, tmp_path):
     if "topology" in args:                   # the ConfigMap's file exists in the pods, not here
         args["topology"] = str(tmp_path / "topology.yaml")
         (tmp_path / "topology.yaml").write_text("switches: []\n")
+    if "api_keys_file" in args:              # likewise the Secret's file
+        args["api_keys_file"] = str(tmp_path / "keys.yaml")
+        (tmp_path / "keys.yaml").write_text("keys:\n  - {key: sk-a, tenant: a}\n")
     config = ServeConfig.from_args(args)
     assert config.api_key is None            # the key travels as $RAYPD_API_KEY, never in the CR
     assert (config.prefill_nodes, config.decode_nodes, config.mixed_nodes) == (

@@ -38,7 +38,8 @@ def test_gate_takes_slots_then_queues_then_refuses():
         await gate.acquire()
         waiter = asyncio.ensure_future(gate.acquire())
         await asyncio.sleep(0)
-        assert gate.state() == {"ongoing": 2, "queued": 1, "max_ongoing": 2, "max_queued": 1, "refused": 0}
+        assert gate.state() == {"ongoing": 2, "queued": 1, "max_ongoing": 2, "max_queued": 1, "refused": 0,
+                                "displaced": 0}
         with pytest.raises(RateLimited) as e:
             await gate.acquire()
         assert e.value.code == "ingress_queue_full" and e.value.headers == {"retry-after": str(RETRY_AFTER_S)}
@@ -93,8 +94,8 @@ def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on():
 
 
 # -- the gate in the app ---------------------------------------------------------------------------------
-async def post(app, raw: bytes, path: str = "/v1/completions") -> tuple[int, dict, bytes]:
-    """One POST through the ASGI interface: (status, headers, body)."""
+async def post(app, raw: bytes, path: str = "/v1/completions", key: str | None = None) -> tuple[int, dict, bytes]:
+    """One POST through the ASGI interface, with `key` as its bearer key: (status, headers, body)."""
     sent: list[dict] = []
     done = False
 
@@ -110,8 +111,9 @@ async def post(app, raw: bytes, path: str = "/v1/completions") -> tuple[int, dic
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
-             "server": ("127.0.0.1", 80)}
+             "headers": [(b"content-type", b"application/json")]
+             + ([(b"authorization", f"Bearer {key}".encode())] if key else []),
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
     await asyncio.wait_for(app(scope, receive, send), 30)
     start = next(m for m in sent if m["type"] == "http.response.start")
     headers = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}

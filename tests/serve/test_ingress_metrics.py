@@ -8,7 +8,7 @@ import json
 import pytest
 
 from raypd.cluster.client.router import RoundRobinRouter
-from raypd.cluster.openai.metrics import IngressMetrics, status_of
+from raypd.cluster.openai.metrics import IngressMetrics, priority_label, status_of
 from raypd.cluster.serve.app import build_app
 from raypd.cluster.serve.generation import Generator
 from raypd.cluster.serve.service import OpenAIService
@@ -116,6 +116,27 @@ def test_client_disconnect_counts_as_aborted(tokenizer):
     asyncio.run(call(app, STREAM_BODY, disconnect_on_data=True))
     assert requests_by_status(api) == {"aborted": 1}
     assert api["raypd_ingress_e2e_latency_seconds"].observed() == []
+
+
+def test_requests_and_ttft_by_priority_in_a_bounded_set_of_labels(tokenizer):
+    app, api = app_with_metrics(tokenizer, ScriptedDriver(answer(tokenizer, " Paris")), router=RejectingRouter())
+    app_ok, api_ok = app_with_metrics(tokenizer, ScriptedDriver(answer(tokenizer, " Paris")))
+
+    def body(priority=None) -> bytes:
+        extra = {} if priority is None else {"priority": priority}
+        return json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 4, **extra}).encode()
+
+    for b in (body(-3), body(), body(), body(2**31 - 1)):
+        assert asyncio.run(call(app_ok, b))[0] == 200
+    assert asyncio.run(call(app, body(-3)))[0] == 429     # reached generation, refused by the router
+    assert asyncio.run(call(app, b"{not json"))[0] == 400  # never reached it: no priority to count
+    assert api_ok["raypd_ingress_priority_requests"].value(priority="-3", status="ok") == 1
+    assert api_ok["raypd_ingress_priority_requests"].value(priority="0", status="ok") == 2
+    assert api_ok["raypd_ingress_priority_requests"].value(priority=">10", status="ok") == 1
+    assert [len(api_ok["raypd_ingress_priority_ttft_seconds"].observed(priority=p)) for p in ("-3", "0", ">10")] \
+        == [1, 2, 1]
+    assert {dict(k)["status"]: v for k, v in api["raypd_ingress_priority_requests"].values.items()} == {"rejected": 1}
+    assert [priority_label(p) for p in (-11, -10, 0, 10, 11)] == ["<-10", "-10", "0", "10", ">10"]
 
 
 @pytest.mark.parametrize("body,api_key,status", [

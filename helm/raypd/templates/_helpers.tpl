@@ -156,6 +156,9 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- if .Values.topology.config -}}
 {{- $_ := set $args "topology" (printf "%s/topology.yaml" .Values.topology.mountPath) -}}
 {{- end -}}
+{{- with .Values.apiKeysFile -}}{{- if .existingSecret -}}
+{{- $_ := set $args "api_keys_file" (printf "%s/%s" .mountPath .secretKey) -}}
+{{- end -}}{{- end -}}
 {{- if .Values.serve.adaptive -}}
 {{- $_ := set $args "adaptive" true -}}
 {{- $_ := set $args "local_prefill_budget" (int .Values.serve.localPrefillBudget) -}}
@@ -216,6 +219,11 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
   mountPath: {{ .Values.topology.mountPath }}
   readOnly: true
 {{- end }}
+{{- if .Values.apiKeysFile.existingSecret }}
+- name: api-keys
+  mountPath: {{ .Values.apiKeysFile.mountPath }}
+  readOnly: true
+{{- end }}
 {{- if .Values.shm.sizeLimit }}
 - name: dshm
   mountPath: /dev/shm
@@ -249,6 +257,14 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 - name: topology
   configMap:
     name: {{ include "raypd.fullname" . }}-topology
+{{- end }}
+{{- with .Values.apiKeysFile.existingSecret }}
+- name: api-keys
+  secret:
+    secretName: {{ . }}
+    items:
+      - key: {{ $.Values.apiKeysFile.secretKey }}
+        path: {{ $.Values.apiKeysFile.secretKey }}
 {{- end }}
 {{- with .Values.shm.sizeLimit }}
 - name: dshm
