@@ -14,6 +14,7 @@ from raypd.benchmarks.serve.main import main
 
 
 @pytest.mark.cluster
+@pytest.mark.serial  # alone after the parallel part: its llama-server and raypd processes want both cores
 def test_raypd_mixed_against_llamacpp(tmp_path, own_processes):
     binary = find_or_build_llama_server()
     out = tmp_path / "r.json"

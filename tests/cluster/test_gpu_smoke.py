@@ -24,6 +24,7 @@ def test_without_a_gpu_it_says_why_and_exits_2(tmp_path, capsys):
     assert "no CUDA device" in capsys.readouterr().out
 
 
+@pytest.mark.serial  # alone after the parallel part: its llama-server and raypd processes want both cores
 def test_every_step_runs_on_the_cpu(tmp_path, own_processes):
     out = tmp_path / "smoke.json"
     code = main(["--device", "cpu", "--quick", "--max-tokens", "8", "--json", str(out)])

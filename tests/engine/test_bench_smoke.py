@@ -33,6 +33,7 @@ def test_engine_benchmark_reports_both_systems(tmp_path):
     assert raypd["triton_compiles"]["count"] == 0
 
 
+@pytest.mark.serial  # alone after the parallel part: its llama-server and raypd processes want both cores
 def test_engine_benchmark_against_llamacpp_with_fp32_agreement(tmp_path, own_processes):
     # llama-server from the same find-or-build function `raypd bench serve` uses (tests/bench_serve
     # builds it first in a clean clone); raypd with int8-g32 weights, so the float32 reference is a
