@@ -96,10 +96,12 @@ class LLMEngine:
         if self.backend in GPU_BACKENDS:
             from raypd.engine.gpu.layer_ops import TritonLayerOps  # imports Triton: only on this path
             from raypd.engine.gpu.triton_attention import TritonAttention
-            ops, attention = TritonLayerOps(), TritonAttention(mc.head_dim)
+            ops = TritonLayerOps()
             if self.backend == "flashinfer":
                 attention = self._planner = FlashInferAttention(mc.num_heads, mc.num_kv_heads, mc.head_dim,
                                                                 cfg.block_size, dtype, self.device)
+            else:
+                attention = TritonAttention(mc.head_dim)
         self.model = LlamaModel(mc, weights, self.device, dtype, linears=self._linears(cfg, dtype), ops=ops,
                                 attention=attention)
         del weights  # the model keeps what it uses (packed copies replace the projections)
