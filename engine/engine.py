@@ -5,7 +5,7 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,6 +62,8 @@ class EngineLoad:
     free_blocks: int            # free plus evictable cached blocks: what a new request can get
     cached_blocks: int
     total_blocks: int
+    kv_bytes_per_token: int = 0
+    tier_load_bytes_per_s: dict[int, float] = field(default_factory=dict)  # KVTier -> measured load rate
 
 
 class LLMEngine:

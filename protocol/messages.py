@@ -149,6 +149,10 @@ class LoadReport:
     duty: str = ""                 # a flex node's Duty (protocol/duty.py); "" for a node with a fixed role
     duty_order: float = 0.0        # the stamp of the last duty order it took (the Conductor's clock; 0: none)
     stalled_s: float = 0.0         # how long the engine's current turn has run (a step that never ends grows it)
+    kv_bytes_per_token: int = 0    # KV bytes one token takes in the pool (every layer's K and V)
+    # KVTier value -> measured bytes/s of loading blocks from that tier into the pool (0: not measured
+    # yet); a tier the node does not have is absent
+    tier_load_bytes_per_s: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
