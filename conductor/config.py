@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from raypd.protocol.kv_events import KVTier
+
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
@@ -23,6 +25,14 @@ class CostConfig:
     # Branch B of Mooncake's Algorithm 1: pull a longer prefix from another node before prefill.
     allow_fetch: bool = True
     fetch_overhead_s: float = 0.002
+    # A node's KV tiers below its pool (protocol/kv_events.KVTier): a prompt's blocks held there are
+    # loaded back (tokens x KV bytes per token / the tier's load rate) when that beats computing them.
+    # The rates are each node's measured ones (LoadReport.tier_load_bytes_per_s); these defaults stand
+    # in until it has measured one, and are set low on purpose (a pinned host copy runs at tens of
+    # GB/s, a local NVMe read at several): an unmeasured tier should win only where it clearly does.
+    use_tiers: bool = True          # False: price tier hits as misses (the pool-only model, to compare)
+    host_load_bytes_per_s: float = 8e9
+    disk_load_bytes_per_s: float = 1e9
     # Only the k best prefill candidates are paired with a decode node (pairing costs a vector op).
     top_k_prefill: int = 4
     # Decode node score = KV send time + decode_weight * estimated time per output token: a TBT
@@ -32,6 +42,16 @@ class CostConfig:
     # Calibrated on the CPU engine: ~40 ms at batch 8, ~110 ms at batch 32.
     decode_step_base_s: float = 0.0167
     decode_step_per_seq_s: float = 0.00292
+
+    def __post_init__(self) -> None:
+        if self.host_load_bytes_per_s <= 0 or self.disk_load_bytes_per_s <= 0:
+            raise ValueError("tier load rates must be > 0")
+
+    def default_load_bytes_per_s(self, tier: KVTier) -> float:
+        """The load rate assumed for a tier whose rate a node has not reported (inf: the pool)."""
+        if tier == KVTier.POOL:
+            return float("inf")
+        return self.host_load_bytes_per_s if tier == KVTier.HOST else self.disk_load_bytes_per_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from raypd.conductor.decision import DecisionLog, RouteDecision
 from raypd.conductor.errors import AdmissionRejected, DutyOrderRefused, NoCandidateError, UnknownNodeError
 from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 from raypd.conductor.load_table import LoadTable
+from raypd.conductor.lower_tiers import LOWER_TIERS
 from raypd.conductor.metrics import ConductorMetrics
 from raypd.conductor.pending_prefixes import PendingPrefixes
 from raypd.conductor.planners.duties import DutyOrder, DutyPlanner, DutySignals, FlexState
@@ -246,7 +247,8 @@ class ConductorCore:
         return split
 
     def _with_pending(self, indexed: PrefixMatch, now: float) -> PrefixMatch:
-        """The index's match, raised on each node to the blocks routed there and not yet reported."""
+        """The index's match, raised on each node to the blocks routed there and not yet reported
+        (a node's tier run then starts where its raised pool run ends)."""
         if not self.config.pending_prefixes:
             return indexed
         self.pending.expire(now)
@@ -256,7 +258,14 @@ class ConductorCore:
         for bs, chain in indexed.hashes.items():
             ahead = self.pending.tokens_by_slot(chain, bs, len(tokens), self.index.holder_masks)
             np.maximum(tokens, ahead[:len(tokens)], out=tokens)
-        return PrefixMatch.of(indexed.num_tokens, indexed.hashes, tokens)
+        tiers = indexed.tier_tokens
+        if tiers is not None:
+            raised = np.flatnonzero((tokens > indexed.tokens_by_slot) & tiers.any(axis=0))
+            if len(raised):
+                tiers = tiers.copy()
+                for slot in raised.tolist():
+                    tiers[:, slot] = self.index.tier_run(slot, indexed.hashes, int(tokens[slot]))
+        return PrefixMatch.of(indexed.num_tokens, indexed.hashes, tokens, tiers)
 
     def _consider_migration(self, view: RoutingView, token_ids: Sequence[int], now: float) -> MigrationPlan | None:
         deep = view.match.deepest_hash()
@@ -450,6 +459,8 @@ class ConductorCore:
                 "free_blocks": r.free_blocks if r else 0, "total_blocks": r.total_blocks if r else 0,
                 "cached_blocks": r.cached_blocks if r else 0,
                 "indexed_blocks": self.index.node_blocks(info.name) if info.name in self.index else 0,
+                "indexed_tier_blocks": {t.name.lower(): self.index.node_blocks(info.name, t) for t in LOWER_TIERS}
+                                       if info.name in self.index else {},
                 "needs_resync": info.name in self.index and self.index.needs_resync(info.name),
                 "routed": st.routed,
                 "predicted_hit_rate": st.predicted_cached / st.prompt_tokens if st.prompt_tokens else 0.0,
@@ -462,6 +473,7 @@ class ConductorCore:
             "policy": self.policy.name, "decisions": self.num_decisions, "rejected": self.num_rejected,
             "local_decisions": self.num_local,
             "index_blocks": self.index.num_blocks, "index_entries": self.index.num_entries,
+            "index_tier_entries": self.index.num_tier_entries,
             "resyncs": self.index.num_resyncs, "dropped_events": self.index.num_dropped_events,
             "migrations": {"started": pl.started, "finished": pl.finished, "failed": pl.failed,
                            "active": len(pl.active), "bytes_started": pl.bytes_started, "skips": dict(pl.skips)},

@@ -21,6 +21,12 @@ class CandidateEstimate:
     send_s: float = 0.0         # KV to the paired decode node
     ttft_s: float = 0.0
     decode_node: str | None = None
+    # The run past cached_tokens the node holds in its tiers below the pool (host, disk), what
+    # loading it into the pool costs, and whether the estimate loads it (else it computes it)
+    tier_tokens: int = 0
+    tier_load_s: float = 0.0
+    tier_used: bool = False
+    tiers: dict[str, int] = field(default_factory=dict)   # tier_tokens by tier name
 
 
 @dataclass(slots=True)
@@ -51,7 +57,7 @@ class RouteDecision:
     prefill_node: str
     decode_node: str
     prompt_tokens: int
-    predicted_cached_tokens: int    # on the prefill node when it starts, fetch included
+    predicted_cached_tokens: int    # on the prefill node when it starts, fetch or tier loads included
     local_cached_tokens: int
     est_ttft_s: float
     est_tbt_s: float = 0.0
@@ -85,7 +91,12 @@ class RouteDecision:
                  f"(best {self.best_match_tokens} on {self.best_match_nodes[:4]}), "
                  f"TTFT ~{self.est_ttft_s * 1e3:.1f} ms, TBT ~{self.est_tbt_s * 1e3:.1f} ms"]
         for c in self.candidates:
-            lines.append(f"  P {c.node}: cached {c.cached_tokens} fetch {c.fetch_tokens} queue "
+            tier = ""
+            if c.tier_tokens:
+                split = " ".join(f"{k} {v}" for k, v in c.tiers.items())
+                tier = (f" tier {c.tier_tokens} ({split}) load {c.tier_load_s * 1e3:.1f}"
+                        f"{'' if c.tier_used else ' (not used)'}")
+            lines.append(f"  P {c.node}: cached {c.cached_tokens}{tier} fetch {c.fetch_tokens} queue "
                          f"{c.queue_s * 1e3:.1f} prefill {c.prefill_s * 1e3:.1f} send {c.send_s * 1e3:.1f}"
                          f" -> {c.ttft_s * 1e3:.1f} ms")
         for dc in self.decode_candidates:

@@ -11,10 +11,12 @@ from collections import deque
 
 import numpy as np
 
+from raypd.protocol.kv_events import KVTier
 from raypd.protocol.messages import LoadReport
 
 _FIELDS = ("queued", "speed", "waiting", "running", "inflight", "free_blocks", "total_blocks",
-           "cached_blocks", "step_time", "pending_tokens", "pending_decode", "pending_decode_tokens")
+           "cached_blocks", "step_time", "kv_bytes_per_token", "pending_tokens", "pending_decode",
+           "pending_decode_tokens")
 
 
 class LoadTable:
@@ -35,6 +37,10 @@ class LoadTable:
         self.total_blocks = np.zeros(0)
         self.cached_blocks = np.zeros(0)
         self.step_time = np.zeros(0)
+        self.kv_bytes_per_token = np.zeros(0)    # KV bytes per token in the pool (0: not reported)
+        # (KVTier, slot): measured bytes/s of loading blocks from that tier into the pool (0: not
+        # measured yet, or no such tier; row POOL stays 0)
+        self.tier_load_rate = np.zeros((len(KVTier), 0))
         # per slot, routed since the last report:
         self.pending_tokens = np.zeros(0)        # prefill tokens
         self.pending_decode = np.zeros(0)        # requests
@@ -51,6 +57,7 @@ class LoadTable:
             self._grow(max(slot + 1, 2 * self.capacity))
         for f in _FIELDS:
             getattr(self, f)[slot] = 0.0
+        self.tier_load_rate[:, slot] = 0.0
         self.prefill_role[slot], self.decode_role[slot] = prefill, decode
         self.host[slot], self.block_size[slot] = host, block_size
         self.alive[slot] = True
@@ -88,6 +95,11 @@ class LoadTable:
             self.step_time[slot] = r.step_time_s
         if r.prefill_tokens_per_s > 0:
             self.speed[slot] = r.prefill_tokens_per_s
+        if r.kv_bytes_per_token > 0:
+            self.kv_bytes_per_token[slot] = r.kv_bytes_per_token
+        for tier, rate in r.tier_load_bytes_per_s.items():
+            if rate > 0 and 0 < tier < len(KVTier):
+                self.tier_load_rate[tier, slot] = rate
         # A report stamped t covers every request routed before t; timestamp 0 means "now".
         self.pending_tokens[slot] = _expire(self._pending[slot], r.timestamp)
         dec = self._pending_dec[slot]
@@ -127,6 +139,9 @@ class LoadTable:
             b = np.zeros(n, dtype=a.dtype)
             b[:old] = a[:old]
             setattr(self, name, b)
+        rates = np.zeros((len(KVTier), n))
+        rates[:, :old] = self.tier_load_rate[:, :old]
+        self.tier_load_rate = rates
         self.capacity = n
 
     def _refresh(self) -> None:

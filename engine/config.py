@@ -37,11 +37,15 @@ class EngineConfig:
     # without decodes is not capped.
     max_prefill_tokens_per_step: int | None = None
     enable_prefix_cache: bool = True
-    # A KV tier below the pool (engine/cache/kv_tier.py): blocks the prefix cache evicts are written
-    # to this directory (at most kv_tier_size_mb of them) and loaded back when a prompt's prefix runs
-    # into them. None: no tier.
+    # KV tiers below the pool (engine/cache/kv_tiers.py): host memory (kv_host_tier_size_mb, pinned
+    # on a GPU; 0: none), then a directory on disk (kv_tier_dir, at most kv_tier_size_mb; None: none).
+    # Blocks go down on eviction ("write-back") or at their kv_tier_write_through_hits-th match
+    # ("write-through-selective") and are loaded back when a prompt's prefix runs into them.
     kv_tier_dir: str | None = None
     kv_tier_size_mb: int = 4096
+    kv_host_tier_size_mb: int = 0
+    kv_tier_policy: Literal["write-back", "write-through-selective"] = "write-back"
+    kv_tier_write_through_hits: int = 2
     # engine/device.py: "auto" is float32 on CPU (the parity reference) and bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"  # "auto": cuda when available, else cpu (a node actor passes the GPU Ray gave it)
@@ -106,13 +110,25 @@ class EngineConfig:
             raise ConfigError(f"quantization must be none, int8 or int8-g32, got {self.quantization!r}")
         if self.kv_tier_size_mb < 1:
             raise ConfigError(f"kv_tier_size_mb must be >= 1, got {self.kv_tier_size_mb}")
-        if self.kv_tier_dir is not None and not self.enable_prefix_cache:
+        if self.kv_host_tier_size_mb < 0:
+            raise ConfigError(f"kv_host_tier_size_mb must be >= 0, got {self.kv_host_tier_size_mb}")
+        if self.tiered and not self.enable_prefix_cache:
             raise ConfigError("a KV tier holds what the prefix cache evicts: it needs enable_prefix_cache")
+        if self.kv_tier_policy not in ("write-back", "write-through-selective"):
+            raise ConfigError("kv_tier_policy must be write-back or write-through-selective, "
+                              f"got {self.kv_tier_policy!r}")
+        if self.kv_tier_write_through_hits < 1:
+            raise ConfigError(f"kv_tier_write_through_hits must be >= 1, got {self.kv_tier_write_through_hits}")
         if self.attention_backend not in BACKEND_CHOICES:
             raise ConfigError(f"attention_backend must be one of {', '.join(BACKEND_CHOICES)}, "
                               f"got {self.attention_backend!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
+
+    @property
+    def tiered(self) -> bool:
+        """Whether any KV tier below the pool is configured."""
+        return self.kv_tier_dir is not None or self.kv_host_tier_size_mb > 0
 
     @property
     def waiting_limit(self) -> int:

@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.host_kv_tier import HostKVTier
 from raypd.engine.cache.kv_cache import PagedKVCache
+from raypd.engine.cache.kv_event_log import KVEventLog
 from raypd.engine.cache.kv_tier import DiskKVTier
+from raypd.engine.cache.kv_tiers import BlockTier, KVTiers
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.config import EngineConfig
 from raypd.engine.device import batch_defaults, configure_math, resolve_device, resolve_dtype
@@ -118,6 +121,7 @@ class LLMEngine:
         self._overlap = not cfg.disable_overlap_schedule
 
         per_block = PagedKVCache.bytes_per_block(mc, cfg.block_size, dtype)
+        self.kv_bytes_per_token = per_block // cfg.block_size
         if cfg.num_blocks is not None:
             self.num_blocks = cfg.num_blocks
         elif by_utilization:
@@ -133,15 +137,25 @@ class LLMEngine:
         log.info("engine on %s in %s: %d KV blocks of %d tokens (%.0f MiB)", self.device, str(dtype).removeprefix("torch."),
                  self.num_blocks, cfg.block_size, self.num_blocks * per_block / 2**20)
 
+    def _build_tiers(self, events: KVEventLog) -> KVTiers:
+        cfg, pool = self.config, self.kv_cache.pool
+        tiers: list[BlockTier] = []
+        if cfg.kv_host_tier_size_mb > 0:
+            tiers.append(HostKVTier(cfg.kv_host_tier_size_mb * 2**20, pool))
+        if cfg.kv_tier_dir is not None:
+            tiers.append(DiskKVTier(cfg.kv_tier_dir, cfg.kv_tier_size_mb * 2**20, pool))
+        log.info("KV tiers below the pool: %s (%s)", ", ".join(t.kind.name.lower() for t in tiers), cfg.kv_tier_policy)
+        return KVTiers(pool, tiers, events, cfg.kv_tier_policy, cfg.kv_tier_write_through_hits)
+
     def _build_pool(self, num_blocks: int, on_kv_event: KVEventCallback | None, tiered: bool = False) -> None:
         """The KV pool and everything that indexes it: allocator, prefix cache (over the KV tier when
         `tiered` and configured: not for the profile's temporary pool), scheduler, runner."""
         cfg, mc = self.config, self.model_config
         self.kv_cache = PagedKVCache(mc, num_blocks, cfg.block_size, self.dtype, self.device)
         self.allocator = BlockAllocator(num_blocks)
-        self.kv_tier = (DiskKVTier(cfg.kv_tier_dir, cfg.kv_tier_size_mb * 2**20, self.kv_cache.pool)
-                        if tiered and cfg.kv_tier_dir is not None else None)
-        self.prefix_cache = RadixCache(self.allocator, cfg.block_size, on_kv_event, lower=self.kv_tier)
+        events = KVEventLog(on_kv_event)
+        self.kv_tier = self._build_tiers(events) if tiered and cfg.tiered else None
+        self.prefix_cache = RadixCache(self.allocator, cfg.block_size, lower=self.kv_tier, events=events)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=cfg.block_size, max_num_batched_tokens=cfg.max_num_batched_tokens,
             chunked_prefill_size=cfg.chunked_prefill_size, max_running_requests=cfg.max_running_requests,
@@ -466,7 +480,9 @@ class LLMEngine:
                      for r in (*sched.waiting, *sched.running))
         return EngineLoad(len(sched.waiting), len(sched.running), queued,
                           self.allocator.num_free + self.prefix_cache.num_evictable_blocks,
-                          self.prefix_cache.num_cached_blocks, self.num_blocks)
+                          self.prefix_cache.num_cached_blocks, self.num_blocks,
+                          kv_bytes_per_token=self.kv_bytes_per_token,
+                          tier_load_bytes_per_s=self.kv_tier.load_rates() if self.kv_tier is not None else {})
 
     def num_backlogged(self) -> int:
         """Requests the last step left waiting (no running slot or no memory for them) that still
@@ -485,10 +501,13 @@ class LLMEngine:
         return {"num_blocks": acc.total, "free_blocks": acc.free, "cached_blocks": acc.cached,
                 "held_blocks": acc.held, "waiting": len(self.scheduler.waiting),
                 "running": len(self.scheduler.running), "reservations": len(self.reservations),
-                "num_retractions": self.scheduler.num_retractions, "num_preemptions": self.scheduler.num_preemptions,
+                **self.totals()}
+
+    def totals(self) -> dict:
+        """The running totals of stats(), cheap to read (no walk of the cache): what metrics count."""
+        return {"num_retractions": self.scheduler.num_retractions, "num_preemptions": self.scheduler.num_preemptions,
                 "num_evicted_blocks": self.prefix_cache.num_evicted_blocks,
-                **({f"kv_tier_{k}": v for k, v in dataclasses.asdict(self.kv_tier.stats).items()}
-                   if self.kv_tier is not None else {})}
+                **(self.kv_tier.stats() if self.kv_tier is not None else {})}
 
     def check_block_integrity(self) -> None:
         """Raise AssertionError unless every block's reference count is exactly explained: one

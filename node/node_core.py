@@ -210,7 +210,8 @@ class NodeCore:
             return
         assert self._duty is not None, "start(duty) runs the engine thread"
         self._next_publish = now + PUBLISH_EVERY_S
-        self._published = (self._report(self._duty.load()), self._duty.role_stats())
+        # The engine's running totals too: the metrics count retractions and tier traffic from them.
+        self._published = (self._report(self._duty.load()), {**self.engine.totals(), **self._duty.role_stats()})
 
     def _report(self, held: DutyLoad) -> LoadReport:
         load = self.engine.load()
@@ -219,7 +220,8 @@ class NodeCore:
             waiting=load.waiting + held.waiting, running=load.running, free_blocks=load.free_blocks,
             total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=held.inflight,
             step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
-            duty=held.duty, duty_order=held.duty_order)
+            duty=held.duty, duty_order=held.duty_order, kv_bytes_per_token=load.kv_bytes_per_token,
+            tier_load_bytes_per_s=dict(load.tier_load_bytes_per_s))
 
     def stats(self, **extra: Any) -> dict:
         return {"name": self.name, "role": self.role, **self.engine.stats(),

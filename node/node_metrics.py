@@ -10,8 +10,11 @@ Exported (Ray adds the prefix `ray_`; counters also get `_total`), all tagged {n
   counters raypd_node_prefill_completions  raypd_node_prefill_failures   (prefill nodes; from stats)
            raypd_node_prefix_copies{direction=export|import|failed}     (prefill nodes; from stats)
            raypd_node_refused   requests refused at once for want of capacity (every role; from stats)
-           raypd_node_kv_tier_blocks{op=stored|loaded|rejected|evicted}  the KV tier below the pool
-           raypd_node_kv_tier_bytes{direction=written|read}              (engine/cache/kv_tier.py; from stats)
+           raypd_node_kv_tier_blocks{tier=host|disk,op=stored|loaded|rejected|evicted}  the KV tiers
+           raypd_node_kv_tier_bytes{tier,direction=written|read}        below the pool
+           raypd_node_kv_tier_load_seconds{tier}                        (engine/cache/kv_tiers.py;
+           raypd_node_kv_tier_lookup_blocks   prompt blocks past the pool   from stats; hit rate of a
+                    asked of the tiers                                  tier = loaded / lookups)
            raypd_node_requeued{cause=retraction|preemption}  running requests sent back to wait: the
                     pool ran dry, or a more urgent request took the place (engine/scheduler.py)
 
@@ -25,6 +28,7 @@ from typing import Any
 from raypd.metrics.ray_api import NOOP, Counter, MetricsAPI, metrics_api
 from raypd.protocol.messages import LoadReport
 
+TIERS = ("host", "disk")  # protocol/kv_events.KVTier below the pool, as stats() names them
 _GAUGES = {  # LoadReport field -> (metric, description)
     "queued_prefill_tokens": ("queued_prefill_tokens", "prompt tokens not yet computed"),
     "running": ("running", "requests in the running batch"),
@@ -44,10 +48,14 @@ _TOTALS: dict[tuple[str, ...], tuple[str, str, dict[str, str]]] = {
     ("prefix_copies", "imported"): ("prefix_copies", "node-to-node prefix copies", {"direction": "import"}),
     ("prefix_copies", "failed"): ("prefix_copies", "node-to-node prefix copies", {"direction": "failed"}),
     ("refused",): ("refused", "requests refused at once for want of capacity (HTTP 429)", {}),
-    **{(f"kv_tier_{op}",): ("kv_tier_blocks", "KV blocks through the tier below the pool", {"op": op})
-       for op in ("stored", "loaded", "rejected", "evicted")},
-    ("kv_tier_bytes_written",): ("kv_tier_bytes", "bytes through the KV tier", {"direction": "written"}),
-    ("kv_tier_bytes_read",): ("kv_tier_bytes", "bytes through the KV tier", {"direction": "read"}),
+    **{(f"kv_tier_{tier}_{op}",): ("kv_tier_blocks", "KV blocks through a tier below the pool",
+                                   {"tier": tier, "op": op})
+       for tier in TIERS for op in ("stored", "loaded", "rejected", "evicted")},
+    **{(f"kv_tier_{tier}_bytes_{d}",): ("kv_tier_bytes", "bytes through a KV tier", {"tier": tier, "direction": d})
+       for tier in TIERS for d in ("written", "read")},
+    **{(f"kv_tier_{tier}_load_seconds",): ("kv_tier_load_seconds", "time spent loading blocks from a KV tier",
+                                           {"tier": tier}) for tier in TIERS},
+    ("kv_tier_lookup_blocks",): ("kv_tier_lookup_blocks", "prompt blocks past the pool asked of the KV tiers", {}),
     ("num_retractions",): ("requeued", "running requests sent back to wait", {"cause": "retraction"}),
     ("num_preemptions",): ("requeued", "running requests sent back to wait", {"cause": "preemption"}),
 }

@@ -34,6 +34,7 @@ class Result:
     output_tokens: int | None = None
     cached_tokens: int | None = None
     max_tokens: int = 0
+    turn: int = 1  # the request's place in its session: a conversation's turn (runner.py sets it)
 
     @property
     def ok(self) -> bool:

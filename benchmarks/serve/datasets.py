@@ -9,7 +9,8 @@ server's answer, so every system sees the same prompts.
 
     random      one completion prompt per request, input/output lengths uniform in [len*(1-r), len]
     gsp         generated shared prefix: groups x questions; a long system prompt per group
-    multiturn   conversations of --turns turns
+    multiturn   conversations of --turns turns (TTFT reported for first and returning turns apart;
+                main.py's KV tier command sizes one that outgrows the pools)
     file        jsonl lines with `prompt` or `messages`, `max_tokens`, optional `timestamp` (ms)
 The Mooncake trace is in trace.py.
 """

@@ -7,9 +7,17 @@ percentiles, and goodput (requests/s meeting the latency SLOs).
         --slo-ttft 2 --slo-tpot 0.25 --json out.json --plot out.png
     raypd bench serve --systems raypd-pd,llamacpp --dataset trace TRACE.jsonl --length-scale 0.03125 --sweep
 
+The KV tier below the pool, with and without, in one run, on 32 conversations whose contexts do not
+fit in pools that hold 8 (issue 35; the arithmetic is in systems.py, under raypd-pd-tier):
+    raypd bench serve --systems raypd-pd,raypd-pd-tier --dataset multiturn --conversations 32 --turns 4 \\
+        --multiturn-system-len 768 --multiturn-user-len 64 --multiturn-output-len 16 --max-concurrency 4 \\
+        --raypd-args="--kv-cache-memory 400" --slo-ttft 2 --slo-tpot 0.25 --run-deadline 900 --json tier.json
+
 `--systems` starts each system in turn (systems.py), measures it on the same requests and stops it,
 also on failure or Ctrl-C; `--base-url` measures a server already running. Workloads: datasets.py
-and trace.py; arrivals: arrivals.py; goodput sweep: sweep.py; JSON layout: report.py.
+and trace.py; arrivals: arrivals.py; goodput sweep: sweep.py; JSON layout: report.py. A raypd
+system's KV tier figures come from its nodes' stats, read before and after each run (tier/);
+`--ray-address` names the Ray cluster of a `--base-url` raypd server for them.
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ from raypd.benchmarks.serve.metrics import SLO, fill_token_counts, summarize
 from raypd.benchmarks.serve.report import format_table, system_entry, write_json
 from raypd.benchmarks.serve.sweep import sweep
 from raypd.benchmarks.serve.systems import SYSTEMS, LaunchError, LaunchOptions, launch
+from raypd.benchmarks.serve.tier.node_stats import TierReader, read_routing
 from raypd.benchmarks.serve.trace import trace_dataset
 
 DATASETS = ("random", "gsp", "multiturn", "trace")
@@ -52,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--label", default="endpoint", help="the name of --base-url in the report")
     t.add_argument("--model", help="model id to send (default: the first of GET /v1/models)")
     t.add_argument("--extra-body", default="{}", help="JSON object merged into every request to --base-url")
+    t.add_argument("--ray-address", help="the Ray cluster of --base-url's raypd server (its log's `Ray cluster:` "
+                                         "line), to report its KV tier figures")
     t.add_argument("--cpus-per-node", type=float, default=1.0, help="per raypd node; llama-server gets -t 2x this")
     t.add_argument("--raypd-args", default="", help="more `raypd serve` flags for every raypd system")
     t.add_argument("--llamacpp-server", type=Path, help="llama-server binary (default: find or build one, "
@@ -231,6 +242,8 @@ def measure_system(name: str, args, make_workload: Callable[[int], Workload], en
         launched = launch(name, launch_options(name, args, make_workload(0)), log_dir)
         target = runner.Target(launched.base_url, args.model or "", extra_body(name))
     try:
+        ray_address = launched.ray_address() if launched is not None else args.ray_address
+        tier = TierReader(ray_address) if ray_address else None
         if not target.model:
             import asyncio
             target = runner.Target(target.base_url, asyncio.run(runner.fetch_model(target.base_url)),
@@ -239,10 +252,16 @@ def measure_system(name: str, args, make_workload: Callable[[int], Workload], en
         kept: dict[int, list[Result]] = {}
 
         def measure(rate: float, step: int) -> dict:
+            if tier is not None:
+                tier.before()
             run = run_once(target, make_workload(step), rate, args, label=f"{name} @ {rate:.3g}/s")
             fill_token_counts(run.results, encode)
             kept[step] = run.results
             s = summarize(run, slo)
+            if tier is not None:
+                s["kv_tier"] = tier.after()
+                if s["kv_tier"] is not None and "error" not in s["kv_tier"]:
+                    s["routing"] = read_routing(tier.address)  # how the Conductor priced the tier hits
             print(f"{name} @ {rate:.3g} req/s: {s['slo_attainment']:.0%} met the SLOs, {s['completed']}/{s['requests']} "
                   f"completed, TTFT p99 {s['ttft_p99_s'] or 0:.2f}s, TPOT p99 {s['tpot_p99_s'] or 0:.3f}s",
                   file=sys.stderr, flush=True)

@@ -6,6 +6,8 @@ A request meets the SLOs when it completed, TTFT <= slo_ttft and TPOT <= slo_tpo
 answer has no TPOT); attainment = such requests / all requests, errors included. Goodput of one
 run = requests meeting the SLOs / duration; of a sweep, the highest rate whose attainment reaches
 the target (sweep.py). Token counts come from the server's usage, else from the tokenizer.
+When sessions have several requests (multiturn), TTFT is also split by turn: ttft_first_* of the
+first turns, ttft_returning_* of the later ones (a conversation coming back, its history resent).
 """
 from __future__ import annotations
 
@@ -55,6 +57,9 @@ def summarize(run: RunResult, slo: SLO) -> dict:
     out |= _stats("tpot", [t for r in ok if (t := r.tpot_s) is not None])
     out |= _stats("itl", [g for r in ok for g in r.itl_s])
     out |= _stats("e2e", [r.e2e_s for r in ok if r.e2e_s is not None])
+    if any(r.turn > 1 for r in run.results):
+        out |= _stats("ttft_first", [r.ttft_s for r in ok if r.turn == 1 and r.ttft_s is not None])
+        out |= _stats("ttft_returning", [r.ttft_s for r in ok if r.turn > 1 and r.ttft_s is not None])
     good = sum(slo.met(r) for r in run.results)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)

@@ -71,8 +71,9 @@ async def _run(target: Target, workload: Workload, starts: list[float], max_conc
 
         async def session(s, start: float) -> None:
             await asyncio.sleep(max(0.0, start - (time.perf_counter() - t0)))
-            for req in s.requests:
+            for turn, req in enumerate(s.requests, 1):
                 res = await one(req)
+                res.turn = turn
                 results.append(res)
                 progress(res)
 

@@ -5,12 +5,26 @@
     raypd-mixed   raypd serve --mixed-nodes 2: two colocated nodes (the replica-fleet baseline)
     raypd-adaptive  raypd-pd with --adaptive: flex nodes whose duty the Conductor moves, and split
                   or local per request
+    raypd-pd-tier raypd-pd with a KV disk tier (--kv-tier-dir): a fresh temporary folder per launch,
+                  removed when the system stops, also when it fails to start
     llamacpp      llama.cpp's llama-server on the GGUF raypd serves by default, one slot per
                   concurrent request, prompt caching on (`cache_prompt` in every request)
     llamacpp-t1   the same with one thread: on a busy shared machine llama.cpp's threads wait for
                   each other at every op's barrier, and one thread can beat two
 
-Every raypd node gets `cpus` CPUs (its torch threads); llama-server gets `-t` = 2 x that.
+Every raypd node gets `cpus` CPUs (its torch threads); llama-server gets `-t` = 2 x that. A raypd
+system's log names its Ray cluster, where tier/node_stats.py reads the nodes' KV tier totals.
+
+raypd-pd against raypd-pd-tier (main.py's tier command): SmolLM2-135M keeps 2 (K, V) x 30 layers
+x 3 KV heads x 64 dims x 4 bytes (float32) = 46,080 bytes of KV per token, 720 KiB per 16-token
+block. A conversation of a 768-token system prompt, 64-token user turns and 16-token answers sends
+1,119 prompt tokens at its 4th turn (chat template included), 70 blocks; 8 such are 8 x 1,119 x
+46,080 B = 393 MiB, so `--kv-cache-memory 400` (568 blocks per node) holds 8, and 32 conversations
+(2,240 blocks) need 4 pools. With `--max-concurrency 4` and every session starting at once, a
+conversation's next turn comes after the 31 others have had theirs: without the tier its history is
+recomputed (32 x 3,930 = 126k prompt tokens in all), with it only the new turn is (about 37k). At
+the 260-300 prompt tokens/s a prefill node managed in the small trial on this 2-core machine, the
+two runs take about 8-10 minutes; a closed loop's default deadline is 60 s, hence --run-deadline.
 
 A system runs as a subprocess in its own session (process group). Lifecycle:
     start -> wait until GET /v1/models answers (the log shows why if it exits first)
@@ -25,9 +39,12 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -40,7 +57,10 @@ from raypd.benchmarks.serve.ports import free_port
 RAYPD_SYSTEMS = {"raypd-pd": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost"],
                  "raypd-pd-rr": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "round_robin"],
                  "raypd-mixed": ["--mixed-nodes", "2"],
-                 "raypd-adaptive": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost", "--adaptive"]}
+                 "raypd-adaptive": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost", "--adaptive"],
+                 "raypd-pd-tier": ["--prefill-nodes", "1", "--decode-nodes", "1", "--policy", "cost"]}
+KV_TIER_SYSTEMS = ("raypd-pd-tier",)  # started with --kv-tier-dir <a fresh temporary folder>
+RAY_CLUSTER_LINE = re.compile(rb"raypd serve: Ray cluster: (\S+)")  # cluster/cli/serve.py logs it once up
 LLAMACPP_SYSTEMS = ("llamacpp", "llamacpp-t1")
 SYSTEMS = (*RAYPD_SYSTEMS, *LLAMACPP_SYSTEMS)
 
@@ -59,10 +79,11 @@ class LaunchOptions:
     ready_timeout_s: float = 600.0
 
 
-def command(name: str, port: int, opts: LaunchOptions) -> list[str]:
+def command(name: str, port: int, opts: LaunchOptions, tier_dir: Path | None = None) -> list[str]:
     if name in RAYPD_SYSTEMS:
+        tier = ["--kv-tier-dir", str(tier_dir)] if tier_dir is not None else []
         return [sys.executable, "-m", "raypd", "serve", "--port", str(port), "--no-dashboard",
-                "--cpus-per-node", str(opts.cpus), *RAYPD_SYSTEMS[name], *opts.raypd_args]
+                "--cpus-per-node", str(opts.cpus), *RAYPD_SYSTEMS[name], *tier, *opts.raypd_args]
     if name in LLAMACPP_SYSTEMS:
         if opts.llama_server is None:
             raise LaunchError("llamacpp needs the llama-server binary")
@@ -82,26 +103,42 @@ def extra_body(name: str) -> dict:
 
 @dataclass
 class Launched:
-    """One started system: its process, log and every process seen under it."""
+    """One started system: its process, log and every process seen under it, and the scratch
+    folder (a KV tier's) it was given, removed when it stops."""
     name: str
     cmd: list[str]
     port: int
     log_path: Path
     proc: subprocess.Popen
     seen: dict[int, psutil.Process] = field(default_factory=dict)
+    scratch: Path | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def ray_address(self, wait_s: float = 30.0) -> str | None:
+        """The Ray cluster a raypd system started, as its log names it; None for other systems. The
+        line can come a moment after /v1/models first answers: it is waited for while the system runs."""
+        if self.name not in RAYPD_SYSTEMS:
+            return None
+        deadline = time.monotonic() + wait_s
+        while not (m := RAY_CLUSTER_LINE.search(self.log_path.read_bytes())):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                return None
+            time.sleep(0.2)
+        return m.group(1).decode()
+
     @classmethod
-    def start(cls, name: str, cmd: list[str], port: int, log_path: Path) -> Launched:
+    def start(cls, name: str, cmd: list[str], port: int, log_path: Path, scratch: Path | None = None) -> Launched:
         log = open(log_path, "wb")
         env = {**os.environ, "RAYPD_API_KEY": ""}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-        log.close()
-        return cls(name, cmd, port, log_path, proc)
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+        finally:
+            log.close()
+        return cls(name, cmd, port, log_path, proc, scratch=scratch)
 
     def log_tail(self, n: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-n:]
@@ -157,7 +194,10 @@ class Launched:
                 except psutil.NoSuchProcess:
                     pass
             time.sleep(0.5)
-        return [p.pid for p in self.alive()]
+        left = [p.pid for p in self.alive()]
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return left
 
     def alive(self) -> list[psutil.Process]:
         out = []
@@ -178,9 +218,16 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def launch(name: str, opts: LaunchOptions, log_dir: Path) -> Launched:
-    """Start `name` and wait until it answers; on any failure stop what was started and raise."""
+    """Start `name` and wait until it answers; on any failure stop what was started, remove its
+    scratch folder and raise."""
     port = free_port()
-    sysm = Launched.start(name, command(name, port, opts), port, log_dir / f"{name}.log")
+    scratch = Path(tempfile.mkdtemp(prefix=f"raypd-bench-{name}-")) if name in KV_TIER_SYSTEMS else None
+    try:
+        sysm = Launched.start(name, command(name, port, opts, scratch), port, log_dir / f"{name}.log", scratch)
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
     try:
         sysm.wait_ready(opts.ready_timeout_s)
     except BaseException:

@@ -36,6 +36,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                         "there and loaded back when a prompt's prefix reaches them (one directory per node)")
     e.add_argument("--kv-tier-size", type=int, default=None, metavar="MB", dest="kv_tier_size_mb",
                    help="the tier's size on disk (default 4096)")
+    e.add_argument("--kv-host-tier-size", type=int, default=None, metavar="MB", dest="kv_host_tier_size_mb",
+                   help="a host-memory KV tier between the pool and the disk tier, per node (pinned on a GPU; "
+                        "default 0: none)")
+    e.add_argument("--kv-tier-policy", choices=["write-back", "write-through-selective"], default=None,
+                   help="when blocks go down to the tiers: when the prefix cache evicts them (write-back, the "
+                        "default), or once matched --kv-tier-write-through-hits times (cold blocks are never written)")
+    e.add_argument("--kv-tier-write-through-hits", type=int, default=None, metavar="N",
+                   help="write-through-selective: matches before a block is written down (default 2)")
     e.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="auto: float32 on CPU, bfloat16 on CUDA")
     e.add_argument("--device", default="auto")
@@ -64,7 +72,8 @@ def engine_options(args: argparse.Namespace) -> dict:
                    attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
                    disable_overlap_schedule=args.disable_overlap_schedule)
     # Unset: EngineConfig's default, or the device kind's for the batch sizes.
-    for name in ("kv_tier_dir", "kv_tier_size_mb", "num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
+    for name in ("kv_tier_dir", "kv_tier_size_mb", "kv_host_tier_size_mb", "kv_tier_policy", "kv_tier_write_through_hits",
+                 "num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
                  "max_num_batched_tokens", "max_running_requests", "max_waiting_requests"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)

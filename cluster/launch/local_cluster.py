@@ -260,6 +260,11 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
     budget = {"max_prefill_tokens_per_step": spec.local_prefill_budget} \
         if role in (Role.DECODE, Role.FLEX) and spec.local_prefill_budget is not None else {}
     options = {**spec.engine_options, **budget, **spec.role_engine_options.get(role, {}), **engine_options}
+    if role is Role.DECODE:
+        # A decode node computes no prompts (the Conductor's local path aside), so a tier below its pool
+        # would only cost it writes on its decode steps: the tiers belong to the nodes that prefill.
+        for key in ("kv_tier_dir", "kv_host_tier_size_mb"):
+            options.pop(key, None)
     if options.get("kv_tier_dir"):  # one tier folder per node, kept across its restarts (same name)
         options["kv_tier_dir"] = os.path.join(options["kv_tier_dir"], name)
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,

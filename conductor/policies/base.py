@@ -18,8 +18,10 @@ from raypd.conductor.decision import CandidateEstimate, DecodeEstimate, RouteDec
 from raypd.conductor.errors import NoCandidateError, UnknownPolicyError
 from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 from raypd.conductor.load_table import LoadTable
+from raypd.conductor.lower_tiers import LOWER_TIERS, NUM_TIERS
 from raypd.conductor.prefix_index import PrefixMatch
 from raypd.conductor.topology import Topology
+from raypd.protocol.kv_events import KVTier
 
 DECODE_SHOWN = 4   # decode candidates recorded in a decision
 
@@ -63,6 +65,24 @@ class RoutingView:
     def cached(self, slots: np.ndarray) -> np.ndarray:
         return self.match.tokens_by_slot[slots] if len(self.match.tokens_by_slot) > slots.max(initial=0) \
             else np.zeros(len(slots), dtype=np.int64)
+
+    def tier_load_s(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens per tier (NUM_TIERS x len(slots)), seconds) of each slot's run past its pool run
+        (PrefixMatch.tier_tokens) and of loading it into the node's pool: tokens x the node's KV
+        bytes per token over the tier's load rate, as measured by the node or else the config's
+        default. Zeros with CostConfig.use_tiers off."""
+        cfg = self.config.cost
+        if self.match.tier_tokens is None or not cfg.use_tiers:
+            return np.zeros((NUM_TIERS, len(slots)), dtype=np.int64), np.zeros(len(slots))
+        below = self.match.below(slots)
+        t = self.table
+        kvb = t.kv_bytes_per_token[slots]
+        kvb = np.where(kvb > 0, kvb, cfg.kv_bytes_per_token)
+        seconds = np.zeros(len(slots))
+        for tier in LOWER_TIERS:
+            rate = t.tier_load_rate[tier, slots]
+            seconds += below[tier] * kvb / np.where(rate > 0, rate, cfg.default_load_bytes_per_s(tier))
+        return below, seconds
 
     def queue_s(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(queued tokens, speed, seconds of queue) per prefill slot."""
@@ -118,6 +138,60 @@ def make_policy(name: str, config: ConductorConfig) -> RoutingPolicy:
 
 
 # -- shared pieces ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class BranchA:
+    """Each prefill candidate served from its own KV (Mooncake's Branch A), per slot of `slots`:
+
+        pool only:  TTFT = queue + prefill(n - c | c)
+        with tiers: TTFT = queue + load(t) + prefill(n - c - t | c + t)
+
+    c is the node's pool run, t the run past it in the node's tiers (host, disk); a candidate takes
+    the tiers when loading them beats computing them (use_tier)."""
+    cached: np.ndarray          # pool run
+    tiers: np.ndarray           # (NUM_TIERS, k) tokens past the pool run, by the fastest tier holding them
+    tier_tokens: np.ndarray     # their sum
+    tier_load_s: np.ndarray     # seconds to load them into the pool
+    use_tier: np.ndarray        # bool: loading beats computing
+    hit: np.ndarray             # tokens the node need not compute: c, or c + t with use_tier
+    queued: np.ndarray
+    speed: np.ndarray
+    queue_s: np.ndarray
+    ttft: np.ndarray
+
+    @classmethod
+    def of(cls, view: RoutingView, slots: np.ndarray) -> BranchA:
+        n, model = view.num_tokens, view.prefill_model
+        cached = view.cached(slots)
+        queued, speed, queue_s = view.queue_s(slots)
+        ttft = queue_s + model.estimate(n - cached, cached, speed)
+        if view.match.tier_tokens is None or not view.config.cost.use_tiers:   # pool only
+            k = len(slots)
+            return cls(cached, np.zeros((NUM_TIERS, k), dtype=np.int64), np.zeros(k, dtype=np.int64),
+                       np.zeros(k), np.zeros(k, dtype=bool), cached, queued, speed, queue_s, ttft)
+        tiers, load_s = view.tier_load_s(slots)
+        tier_tokens = tiers.sum(axis=0)
+        deep = cached + tier_tokens
+        ttft_t = queue_s + load_s + model.estimate(n - deep, deep, speed)
+        use_tier = (tier_tokens > 0) & (ttft_t < ttft)
+        return cls(cached, tiers, tier_tokens, load_s, use_tier, np.where(use_tier, deep, cached),
+                   queued, speed, queue_s, np.where(use_tier, ttft_t, ttft))
+
+    def candidate(self, view: RoutingView, i: int, slot: int, send_s: float, ttft_s: float,
+                  decode_node: str, hit: int | None = None) -> CandidateEstimate:
+        """Candidate i (in slot `slot`) as its CandidateEstimate, paired with `decode_node`; `hit`:
+        the prefix it will hold when another branch (a fetch) brings more than its own KV."""
+        hit = int(self.hit[i]) if hit is None else hit
+        c = CandidateEstimate(
+            view.names[slot], int(self.cached[i]), float(self.queued[i]), float(self.queue_s[i]),
+            float(view.prefill_model.estimate(view.num_tokens - hit, hit, float(self.speed[i]))),
+            send_s=send_s, ttft_s=ttft_s, decode_node=decode_node)
+        if self.tier_tokens[i]:
+            c.tier_tokens, c.tier_load_s = int(self.tier_tokens[i]), float(self.tier_load_s[i])
+            c.tier_used = bool(self.use_tier[i])
+            c.tiers = {KVTier(t).name.lower(): int(k) for t, k in enumerate(self.tiers[:, i].tolist()) if k}
+        return c
+
+
 def require(slots: np.ndarray, what: str) -> np.ndarray:
     if len(slots) == 0:
         raise NoCandidateError(f"no live {what} node")
@@ -181,18 +255,13 @@ def simple_decision(view: RoutingView, policy: str, branch: str, p: int, d: int,
                     decode_shown: list[DecodeEstimate]) -> RouteDecision:
     """A decision for policies that do not estimate TTFT themselves: fill in the estimate anyway,
     so every policy's decisions are comparable (and SLO admission applies to all)."""
-    slots = np.array([p])
-    queued, speed, queue_s = view.queue_s(slots)
-    cached = int(view.cached(slots)[0])
-    prefill_s = float(view.prefill_model.estimate(view.num_tokens - cached, cached, speed[0]))
+    a = BranchA.of(view, np.array([p]))
     send = float(view.send_s(p, np.array([d]), view.num_tokens)[0])
-    cand = CandidateEstimate(view.names[p], cached, float(queued[0]), float(queue_s[0]), prefill_s,
-                             send_s=send, ttft_s=float(queue_s[0]) + prefill_s + send,
-                             decode_node=view.names[d])
+    cand = a.candidate(view, 0, p, send, float(a.ttft[0]) + send, view.names[d])
     return RouteDecision(
         request_id=view.request_id, policy=policy, branch=branch, prefill_node=view.names[p],
-        decode_node=view.names[d], prompt_tokens=view.num_tokens, predicted_cached_tokens=cached,
-        local_cached_tokens=cached, est_ttft_s=cand.ttft_s, est_tbt_s=tbt,
+        decode_node=view.names[d], prompt_tokens=view.num_tokens, predicted_cached_tokens=int(a.hit[0]),
+        local_cached_tokens=int(a.cached[0]), est_ttft_s=cand.ttft_s, est_tbt_s=tbt,
         best_match_tokens=view.match.best_tokens,
         best_match_nodes=[view.names[s] for s in view.match.best_slots[:8]],
         num_prefill_candidates=len(view.prefill_slots), num_decode_candidates=len(view.decode_slots),

@@ -8,9 +8,11 @@ by creation order). Every change is published as a KV event with a per-cache seq
 
 The tree holds one allocator reference on each stored block; requests add their own.
 
-With a lower tier (kv_tier.py), an evicted block is written down to it first (write-back), and
-match_and_load continues a match past the tree into the blocks the tier holds, loading each into a
-newly allocated pool block that joins the tree like any stored block (a BlockStored event).
+With lower tiers (kv_tiers.py), an evicted block is written down first (write-back), or a block is
+written down once matched often enough while the tree still holds it (write-through-selective);
+match_and_load continues a match past the tree into the blocks a tier holds, loading each into a
+newly allocated pool block that joins the tree like any stored block (a BlockStored event). The
+cache and its tiers publish through one numbered event log (kv_event_log.py).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.kv_event_log import KVEventLog
 from raypd.protocol.block_hash import ROOT_HASH, block_hash
-from raypd.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventCallback
+from raypd.protocol.kv_events import BlockStored, KVEventCallback
 
 
 @dataclass(eq=False, slots=True)
@@ -35,6 +38,7 @@ class RadixNode:
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    hits: int = 0  # times matched (write-through-selective writes a block down at the N-th)
 
     def __lt__(self, other: RadixNode) -> bool:
         return (self.last_access, self.uid) < (other.last_access, other.uid)
@@ -47,13 +51,17 @@ class RadixNode:
 
 
 class LowerTier(Protocol):
-    """Where evicted blocks go and come back from, by chained block hash (kv_tier.DiskKVTier)."""
+    """Where blocks go below the pool and come back from, by chained block hash (kv_tiers.KVTiers)."""
+    evict_writes: bool               # write a block down when the tree evicts it
+    write_through_hits: int | None   # write a block down at its N-th match (None: never)
 
-    def __contains__(self, block_hash: int) -> bool: ...
+    def held_run(self, parent_hash: int, keys: Sequence[tuple[int, ...]]) -> list[tuple[int, tuple[int, ...]]]: ...
 
-    def store(self, block_hash: int, parent_hash: int, tokens: tuple[int, ...], block: int) -> None: ...
+    def store_blocks(self, blocks: Sequence[tuple[int, int, tuple[int, ...], int]]) -> None: ...
 
     def load(self, block_hash: int, parent_hash: int, tokens: tuple[int, ...], block: int) -> bool: ...
+
+    def snapshot(self, seq: int) -> list[BlockStored]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +76,16 @@ class PrefixMatch:
 
 class RadixCache:
     def __init__(self, allocator: BlockAllocator, block_size: int, on_event: KVEventCallback | None = None,
-                 lower: LowerTier | None = None):
+                 lower: LowerTier | None = None, events: KVEventLog | None = None):
+        """`events`: the node's event log when tiers share it; else one publishing to on_event."""
         self.allocator = allocator
         self.lower = lower
         self.block_size = block_size
-        self._on_event = on_event
+        self.events = events if events is not None else KVEventLog(on_event)
         self._uids = itertools.count()
         self.root = RadixNode(tokens=(), block=-1, hash=ROOT_HASH, parent=None, uid=next(self._uids))
         self.root.lock_ref = 1  # never evicted
         self._clock = 0
-        self._event_seq = 0
         self.num_cached_blocks = 0
         self.num_evictable_blocks = 0
         self.num_evicted_blocks = 0  # lifetime total, for stats
@@ -98,7 +106,22 @@ class RadixCache:
             node = child
             node.last_access = self._clock
             blocks.append(node.block)
+        if self.lower is not None and self.lower.write_through_hits is not None and blocks:
+            self._write_through(node, self.lower.write_through_hits)
         return PrefixMatch(node=node, blocks=blocks)
+
+    def _write_through(self, node: RadixNode, hits: int) -> None:
+        """Count a match on every block of the path ending at `node`; write the ones that reach
+        `hits` down to the tier (they stay in the tree)."""
+        due = []
+        while node is not self.root:
+            node.hits += 1
+            if node.hits == hits:
+                due.append((node.hash, node.up.hash, node.tokens, node.block))
+            node = node.up
+        if due:
+            assert self.lower is not None
+            self.lower.store_blocks(due[::-1])  # parents first
 
     def match_and_load(self, token_ids: Sequence[int], max_blocks: int | None = None) -> PrefixMatch:
         """match_prefix, continued into the lower tier: each following block the tier holds is loaded
@@ -110,13 +133,8 @@ class RadixCache:
         limit = len(token_ids) // self.block_size if max_blocks is None else min(len(token_ids) // self.block_size,
                                                                                  max_blocks)
         node, blocks, loaded = m.node, list(m.blocks), []
-        names, parent = [], node.hash  # the run of following blocks the tier holds, by chained hash
-        for i in range(len(blocks), limit):
-            key = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = block_hash(parent, key)
-            if parent not in self.lower:
-                break
-            names.append((parent, key))
+        keys = [tuple(token_ids[i * self.block_size:(i + 1) * self.block_size]) for i in range(len(blocks), limit)]
+        names = self.lower.held_run(node.hash, keys) if keys else []  # the run of following blocks a tier holds
         if not names:
             return m
         self.lock(node)  # the matched path must survive the evictions that make room below
@@ -141,9 +159,8 @@ class RadixCache:
         finally:
             self.unlock(node)
         if loaded:
-            self._emit(BlockStored(seq=self._next_seq(), parent_hash=loaded[0].up.hash,
-                                   block_hashes=tuple(x.hash for x in loaded),
-                                   token_ids=tuple(t for x in loaded for t in x.tokens), block_size=self.block_size))
+            self.events.stored(loaded[0].up.hash, (x.hash for x in loaded), (t for x in loaded for t in x.tokens),
+                               self.block_size)
         return PrefixMatch(node=node, blocks=blocks)
 
     # -- locking --------------------------------------------------------------------------------
@@ -190,10 +207,8 @@ class RadixCache:
             canonical.append(child.block)
             node = child
         if new_nodes:
-            self._emit(BlockStored(
-                seq=self._next_seq(), parent_hash=new_nodes[0].up.hash,
-                block_hashes=tuple(x.hash for x in new_nodes),
-                token_ids=tuple(t for x in new_nodes for t in x.tokens), block_size=self.block_size))
+            self.events.stored(new_nodes[0].up.hash, (x.hash for x in new_nodes),
+                               (t for x in new_nodes for t in x.tokens), self.block_size)
         return node, canonical
 
     # -- eviction -------------------------------------------------------------------------------
@@ -201,22 +216,22 @@ class RadixCache:
         """Free up to `num_blocks` blocks from unlocked leaves, least recently used first."""
         leaves = [x for x in self._iter_nodes() if not x.children and x.lock_ref == 0]
         heapq.heapify(leaves)
-        removed: list[int] = []
+        removed: list[RadixNode] = []
         while leaves and len(removed) < num_blocks:
             leaf = heapq.heappop(leaves)
             parent = leaf.up
             del parent.children[leaf.tokens]
-            if self.lower is not None:  # write-back: the block's KV is still in the pool until decref
-                self.lower.store(leaf.hash, parent.hash, leaf.tokens, leaf.block)
-            self.allocator.decref([leaf.block])
             self.num_cached_blocks -= 1
             self.num_evictable_blocks -= 1
-            removed.append(leaf.hash)
+            removed.append(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(leaves, parent)
         self.num_evicted_blocks += len(removed)
         if removed:
-            self._emit(BlockRemoved(seq=self._next_seq(), block_hashes=tuple(removed)))
+            self.events.removed(x.hash for x in removed)
+            if self.lower is not None and self.lower.evict_writes:  # write-back, while the KV is still there
+                self.lower.store_blocks([(x.hash, x.up.hash, x.tokens, x.block) for x in removed])
+            self.allocator.decref([x.block for x in removed])
         return len(removed)
 
     def reset(self) -> None:
@@ -227,18 +242,21 @@ class RadixCache:
             self.allocator.decref([x.block])
         self.root.children.clear()
         self.num_cached_blocks = self.num_evictable_blocks = 0
-        self._emit(AllBlocksCleared(seq=self._next_seq()))
+        self.events.cleared()
 
     def snapshot(self) -> tuple[int, list[BlockStored]]:
         """(last event seq, one BlockStored per cached block, parents before children): what a
         consumer that lost events needs to rebuild its view of this cache."""
+        seq = self.events.seq
         events, stack = [], list(self.root.children.values())
         while stack:
             x = stack.pop()
-            events.append(BlockStored(seq=self._event_seq, parent_hash=x.up.hash, block_hashes=(x.hash,),
+            events.append(BlockStored(seq=seq, parent_hash=x.up.hash, block_hashes=(x.hash,),
                                       token_ids=x.tokens, block_size=self.block_size))
             stack.extend(x.children.values())
-        return self._event_seq, events
+        if self.lower is not None:
+            events += self.lower.snapshot(seq)
+        return seq, events
 
     def cached_blocks(self) -> set[int]:
         return {x.block for x in self._iter_nodes()}
@@ -254,13 +272,5 @@ class RadixCache:
 
     @property
     def event_seq(self) -> int:
-        """The sequence number of the last KV event this cache published (0: none yet)."""
-        return self._event_seq
-
-    def _next_seq(self) -> int:
-        self._event_seq += 1
-        return self._event_seq
-
-    def _emit(self, event: KVEvent) -> None:
-        if self._on_event is not None:
-            self._on_event(event)
+        """The sequence number of the last KV event this cache (or a tier below it) published."""
+        return self.events.seq

@@ -15,6 +15,7 @@ from raypd.conductor.core import ConductorCore
 from raypd.conductor.errors import AdmissionRejected, NoCandidateError, UnknownPolicyError
 from raypd.conductor.policies import make_policy
 from raypd.conductor.topology import Topology
+from raypd.protocol.kv_events import KVTier
 from tests.conductor.helpers import EventMaker, FakeClock, batch, host, load
 
 BS = 16
@@ -141,6 +142,102 @@ def test_cost_fetch_weighs_topology():
     assert (d.branch, d.prefill_node) == ("fetch", "p1")
     by_node = {c.node: c for c in d.candidates}
     assert by_node["p2"].fetch_s > by_node["p1"].fetch_s + 0.01
+
+
+def tier_hold(core: ConductorCore, node: str, *stored: tuple[list[int], KVTier]) -> None:
+    """`node` holds these runs, one after the other, each in its tier."""
+    e, parent = EventMaker(BS), None
+    for tokens, tier in stored:
+        core.report_kv_events(batch(node, e.stored(tokens, parent, tier)))
+        parent = (parent or []) + tokens
+
+
+def test_cost_loads_a_tier_hit_when_that_beats_computing_it():
+    core = make_core("cost")
+    tier_hold(core, "p1", (PREFIX, KVTier.HOST))
+    d = core.route("r", PROMPT)
+    # p1: 960 x 100 kB loaded at the default 8 GB/s (12 ms) + 40 tokens (45 ms); 1.005 s elsewhere
+    assert (d.branch, d.prefill_node, d.decode_node) == ("tier", "p1", "d1")
+    assert d.predicted_cached_tokens == 960 and d.local_cached_tokens == 0
+    c = d.candidates[0]
+    assert (c.node, c.cached_tokens, c.tier_tokens, c.tiers, c.tier_used) == ("p1", 0, 960, {"host": 960}, True)
+    assert c.tier_load_s == pytest.approx(0.012) and c.prefill_s == pytest.approx(0.045)
+    assert c.ttft_s == pytest.approx(0.012 + 0.045 + c.send_s)
+    assert core.status()["nodes"]["p1"]["indexed_tier_blocks"] == {"host": 60, "disk": 0}
+    # the node's own figures replace the defaults: 50 kB per token at a measured 2.4 GB/s -> 20 ms
+    core.report_load(load("p1", kv_bytes_per_token=50_000, tier_rates={KVTier.HOST: 2.4e9}))
+    d = core.route("r2", PROMPT)
+    c = d.candidates[0]
+    assert (d.branch, c.node, c.tier_load_s) == ("tier", "p1", pytest.approx(0.020))
+    text = d.explain()
+    assert "cost/tier -> prefill p1, decode d0; cached 960/1000" in text   # d1 decodes r
+    assert "P p1: cached 0 tier 960 (host 960) load 20.0 fetch 0 queue 0.0 prefill 45.0" in text
+    # with tiers off the same state is a miss
+    core = make_core("cost", cost={"use_tiers": False})
+    tier_hold(core, "p1", (PREFIX, KVTier.HOST))
+    d = core.route("r", PROMPT)
+    assert (d.branch, d.predicted_cached_tokens, d.candidates[0].tier_tokens) == ("cold", 0, 0)
+
+
+def test_cost_loads_a_tier_run_on_top_of_the_pool_run():
+    core = make_core("cost")
+    tier_hold(core, "p0", (PREFIX[:480], KVTier.POOL), (PREFIX[480:], KVTier.DISK))
+    tier_hold(core, "p1", (PREFIX[:480], KVTier.POOL))
+    d = core.route("r", PROMPT)
+    # p0: 480 x 100 kB from disk at the default 1 GB/s (48 ms) + 40 tokens; p1: 520 tokens (525 ms)
+    assert (d.branch, d.prefill_node, d.predicted_cached_tokens, d.local_cached_tokens) == ("tier", "p0", 960, 480)
+    c = d.candidates[0]
+    assert (c.cached_tokens, c.tiers, c.tier_load_s) == (480, {"disk": 480}, pytest.approx(0.048))
+
+
+@pytest.mark.parametrize("disk_rate, others_queued, node, branch", [
+    (1e9, 0, "p0", "tier"),           # 96 ms to load: p0 at 0.2 + 0.096 + 0.045 s
+    (50e6, 0, "p1", "recompute"),     # 1.92 s to load, more than computing: idle p1 computes it (1.005 s)
+    (50e6, 300, "p0", "recompute"),   # ... and p0 computes it itself once the others are busier
+])
+def test_cost_a_slow_tier_loses_to_computing_the_prefix(disk_rate, others_queued, node, branch):
+    core = make_core("cost")
+    tier_hold(core, "p0", (PREFIX, KVTier.DISK))
+    loads(core, p1=others_queued, p2=others_queued)
+    core.report_load(load("p0", queued=200, tier_rates={KVTier.DISK: disk_rate}))
+    d = core.route("r", PROMPT)
+    assert (d.branch, d.prefill_node) == (branch, node)
+    p0 = next(c for c in d.candidates if c.node == "p0")
+    assert p0.tier_tokens == 960 and p0.tier_load_s == pytest.approx(96e6 / disk_rate)
+    assert p0.tier_used is (branch == "tier")
+    assert d.predicted_cached_tokens == (960 if branch == "tier" else 0)
+    if branch == "recompute":
+        assert f"P p0: cached 0 tier 960 (disk 960) load {96e6 / disk_rate * 1e3:.1f} (not used)" in d.explain()
+
+
+def test_cost_a_pool_hit_beats_an_equal_tier_hit():
+    core = make_core("cost", cost={"allow_fetch": False})
+    tier_hold(core, "p0", (PREFIX, KVTier.HOST))
+    tier_hold(core, "p1", (PREFIX, KVTier.POOL))
+    d = core.route("r", PROMPT)
+    assert (d.branch, d.prefill_node, d.predicted_cached_tokens) == ("local", "p1", 960)
+    p0, p1 = (next(c for c in d.candidates if c.node == n) for n in ("p0", "p1"))
+    assert p0.tier_used and p0.ttft_s - p1.ttft_s == pytest.approx(0.012)   # the load, nothing else
+
+
+def test_a_routed_tier_hit_is_counted_once():
+    """Once routed, the prompt is pending on p1's pool: its host copy adds nothing on top."""
+    core = make_core("cost", pending_prefixes=True)
+    tier_hold(core, "p1", (PREFIX, KVTier.HOST))
+    d = core.route("r1", PROMPT)
+    assert (d.branch, d.prefill_node, d.predicted_cached_tokens) == ("tier", "p1", 960)
+    d = core.route("r2", PROMPT)
+    assert (d.branch, d.prefill_node, d.predicted_cached_tokens) == ("local", "p1", 992)
+    assert d.candidates[0].tier_tokens == 0
+
+
+def test_simple_policies_estimate_tier_hits_too():
+    core = make_core("least_loaded")
+    tier_hold(core, "p0", (PREFIX, KVTier.HOST))
+    d = core.route("r", PROMPT)
+    assert (d.prefill_node, d.predicted_cached_tokens, d.local_cached_tokens) == ("p0", 960, 0)
+    c = d.candidates[0]
+    assert c.tier_used and d.est_ttft_s == pytest.approx(0.012 + 0.045 + c.send_s)
 
 
 def test_decode_by_distance_then_load():

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from raypd.conductor.errors import HashSchemeMismatch, UnknownNodeError
 from raypd.conductor.prefix_index import PrefixIndex
 from raypd.protocol.block_hash import chained_block_hashes
-from raypd.protocol.kv_events import BlockStored
+from raypd.protocol.kv_events import BlockStored, KVTier
 from tests.conductor.helpers import BS, EventMaker
 
 A = list(range(100, 116))        # 4 blocks
@@ -61,6 +62,89 @@ def test_removed_and_cleared():
     # removing a block the node does not hold is harmless
     idx.apply("b", [eb.removed(hashes)])
     assert idx.num_blocks == 2
+
+
+def tiered(idx: PrefixIndex, tokens: list[int]) -> dict[int, tuple[int, ...]]:
+    """slot -> (pool run, pool past a gap, host, disk) tokens, for slots that hold any of it."""
+    m = idx.match(tokens, 8)
+    below = m.below(np.arange(8))
+    return {s: (int(m.tokens_by_slot[s]), *map(int, below[:, s])) for s in range(8)
+            if m.tokens_by_slot[s] or below[:, s].any()}
+
+
+def test_tier_events_keep_each_block_at_its_tiers():
+    idx = make("a", "b")
+    ea, eb = EventMaker(), EventMaker()
+    h = chained_block_hashes(A, BS)
+    idx.apply("a", [ea.stored(A)])
+    assert idx.match(A + [0], 2).tier_tokens is None     # no tier reported yet: the pool-only fast path
+    # the pool evicts its last two blocks and writes them to host memory
+    idx.apply("a", [ea.removed(h[2:]), ea.stored(A[8:], A[:8], KVTier.HOST)])
+    assert tiered(idx, A + [0]) == {0: (8, 0, 8, 0)}
+    # host memory demotes the last block to disk: the run goes on through it
+    idx.apply("a", [ea.removed(h[3:], KVTier.HOST), ea.stored(A[12:], A[:12], KVTier.DISK)])
+    assert tiered(idx, A + [0]) == {0: (8, 0, 4, 4)}
+    assert idx.node_blocks("a") == 2 and idx.node_blocks("a", KVTier.HOST) == 1
+    assert idx.node_blocks("a", KVTier.DISK) == 1 and idx.num_tier_entries == 2
+    # block 2 is loaded back into the pool (its host copy stays): the pool run grows
+    idx.apply("a", [ea.stored(A[8:12], A[:8])])
+    assert tiered(idx, A + [0]) == {0: (12, 0, 0, 4)}
+    # host drops block 2 and disk drops block 3: the run ends at the first block held nowhere
+    idx.apply("a", [ea.removed(h[2:3], KVTier.HOST), ea.removed(h[3:], KVTier.DISK)])
+    assert tiered(idx, A + [0]) == {0: (12, 0, 0, 0)}
+    assert idx.num_tier_entries == 0
+    # a node with nothing in its pool: the whole run is in tiers, each block at the fastest holding it
+    idx.apply("b", [eb.stored(A, tier=KVTier.DISK), eb.stored(A[:8], tier=KVTier.HOST)])
+    assert tiered(idx, A + [0]) == {0: (12, 0, 0, 0), 1: (0, 0, 8, 8)}
+    # a block in two lower tiers stays held while either has it
+    idx.apply("b", [eb.removed(h[:1], KVTier.DISK)])
+    assert tiered(idx, A + [0])[1] == (0, 0, 8, 8)
+    idx.apply("b", [eb.removed(h[:1], KVTier.HOST)])
+    assert 1 not in tiered(idx, A + [0])
+    # a pool block past a gap counts too (no load): pool 0..1 on b, host 2, pool 3
+    idx.apply("b", [eb.stored(A[:8]), eb.stored(A[12:], A[:12])])
+    idx.apply("b", [eb.stored(A[8:12], A[:8], KVTier.HOST)])
+    assert tiered(idx, A + [0])[1] == (8, 4, 4, 0)
+
+
+def test_all_blocks_cleared_empties_the_pool_only():
+    idx = make("a")
+    e = EventMaker()
+    idx.apply("a", [e.stored(A), e.stored(A, tier=KVTier.HOST)])   # a write-through copy
+    assert tiered(idx, A + [0]) == {0: (16, 0, 0, 0)}
+    idx.apply("a", [e.cleared()])
+    assert tiered(idx, A + [0]) == {0: (0, 0, 16, 0)}
+    assert idx.num_entries == 0 and idx.num_tier_entries == 4
+
+
+def test_resync_replaces_every_tier_and_remove_node_drops_them():
+    idx = make("a", "b")
+    ea, eb = EventMaker(), EventMaker()
+    idx.apply("a", [ea.stored(A, tier=KVTier.HOST), ea.stored(B, tier=KVTier.DISK)])
+    idx.apply("b", [eb.stored(B, tier=KVTier.DISK)])
+    ea.seq += 1                                      # a lost batch
+    assert idx.apply("a", [ea.stored(A)]).needs_resync
+    snap = EventMaker()                              # kv_snapshot(): every tier, each event its own
+    idx.resync("a", ea.seq, [snap.stored(A[:8]), snap.stored(A[8:], A[:8], KVTier.DISK)])
+    assert tiered(idx, A + [0]) == {0: (8, 0, 0, 8)}
+    assert tiered(idx, B + [0]) == {1: (0, 0, 0, 8)}  # a's disk copy of B was not in the snapshot
+    assert idx.node_blocks("a", KVTier.HOST) == 0 and idx.num_tier_entries == 4
+    assert idx.remove_node("a") == 2
+    assert tiered(idx, A + [0]) == {} and idx.num_tier_entries == 2
+    idx.remove_node("b")
+    assert idx.match(B + [0], 2).tier_tokens is None
+
+
+def test_tier_run_starts_where_a_longer_pool_run_ends():
+    """What the core asks for a node whose pool run pending prefixes raised past the index's."""
+    idx = make("a")
+    e = EventMaker()
+    idx.apply("a", [e.stored(A[:4]), e.stored(A[4:], A[:4], KVTier.DISK)])
+    hashes = idx.hash_prompt(A + [0])
+    assert idx.tier_run(0, hashes, 4).tolist() == [0, 0, 12]
+    assert idx.tier_run(0, hashes, 8).tolist() == [0, 0, 8]
+    assert idx.tier_run(0, hashes, 16).tolist() == [0, 0, 0]
+    assert idx.tier_run(5, hashes, 0).tolist() == [0, 0, 0]   # no node in that slot
 
 
 def test_gap_flags_resync_and_ignores_events_until_snapshot():

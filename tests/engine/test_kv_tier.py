@@ -1,5 +1,6 @@
-"""The KV tier below the pool (engine/cache/kv_tier.py): evicted blocks written back to a directory,
-loaded on a prefix match that runs past the pool, and never used unless every check passes."""
+"""The KV tiers below the pool (engine/cache/kv_tiers.py over host_kv_tier.py and kv_tier.py): evicted
+blocks written back to host memory and a directory, loaded on a prefix match that runs past the
+pool, and never used unless every check passes."""
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,13 @@ import torch
 
 from raypd.engine import LLM, SamplingParams
 from raypd.engine.cache.block_allocator import BlockAllocator
+from raypd.engine.cache.host_kv_tier import HostKVTier
+from raypd.engine.cache.kv_event_log import KVEventLog
 from raypd.engine.cache.kv_tier import DiskKVTier
+from raypd.engine.cache.kv_tiers import KVTiers
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.protocol.block_hash import ROOT_HASH, block_hash
-from raypd.protocol.kv_events import BlockRemoved, BlockStored
+from raypd.protocol.kv_events import BlockRemoved, BlockStored, KVTier
 from tests.conftest import NEW_TOKENS
 
 BS = 4
@@ -26,9 +30,9 @@ def test_a_block_goes_down_and_comes_back_bit_for_bit(tmp_path):
     p = pool()
     tier = DiskKVTier(tmp_path, 1 << 20, p)
     h = block_hash(ROOT_HASH, TOKENS)
-    tier.store(h, ROOT_HASH, TOKENS, block=3)
+    assert tier.put(h, ROOT_HASH, TOKENS, p[3])
     assert h in tier and tier.stats.stored == 1 and not any(tmp_path.glob("*.tmp*"))
-    assert tier.load(h, ROOT_HASH, TOKENS, block=5)
+    assert tier.read_into(h, ROOT_HASH, TOKENS, p[5])
     assert torch.equal(p[5], p[3]) and tier.stats.loaded == 1
 
 
@@ -37,7 +41,7 @@ def test_a_damaged_file_is_rejected_deleted_and_never_copied(tmp_path, damage):
     p = pool()
     tier = DiskKVTier(tmp_path, 1 << 20, p)
     h = block_hash(ROOT_HASH, TOKENS)
-    tier.store(h, ROOT_HASH, TOKENS, block=3)
+    tier.put(h, ROOT_HASH, TOKENS, p[3])
     (path,) = tmp_path.glob("*.kv")
     data = bytearray(path.read_bytes())
     if damage == "flipped payload byte":
@@ -49,7 +53,7 @@ def test_a_damaged_file_is_rejected_deleted_and_never_copied(tmp_path, damage):
     path.write_bytes(bytes(data))
     before = p[5].clone()
     tokens = (9, 9, 9, 9) if damage == "other tokens" else TOKENS
-    assert not tier.load(h, ROOT_HASH, tokens, block=5)
+    assert not tier.read_into(h, ROOT_HASH, tokens, p[5])
     assert torch.equal(p[5], before)  # nothing of the file reached the pool
     assert tier.stats.rejected == 1 and h not in tier and not path.exists()
 
@@ -59,32 +63,120 @@ def test_another_layout_adopts_nothing_and_a_restart_keeps_its_own(tmp_path):
     tier = DiskKVTier(tmp_path, 1 << 20, p)
     hashes = [block_hash(ROOT_HASH, (i, i, i, i)) for i in range(3)]
     for i, h in enumerate(hashes):
-        tier.store(h, ROOT_HASH, (i, i, i, i), block=i)
+        tier.put(h, ROOT_HASH, (i, i, i, i), p[i])
     (tmp_path / "stray.tmp123").write_bytes(b"half a block")
     again = DiskKVTier(tmp_path, 1 << 20, pool())  # the same node, restarted
     assert [h in again for h in hashes] == [True] * 3
-    assert again.load(hashes[1], ROOT_HASH, (1, 1, 1, 1), block=7)
+    assert again.entry(hashes[2]) == (ROOT_HASH, (2, 2, 2, 2))  # what a re-sync snapshot needs
+    assert again.read_into(hashes[1], ROOT_HASH, (1, 1, 1, 1), p[7]) and torch.equal(p[7], p[1])
     assert not (tmp_path / "stray.tmp123").exists()
     foreign = DiskKVTier(tmp_path, 1 << 20, pool(torch.bfloat16))  # another dtype: another layout
     assert foreign.num_blocks == 0 and not any(tmp_path.iterdir())
 
 
-def test_the_tier_never_holds_more_than_its_size_dropping_the_least_recently_used(tmp_path):
+def test_the_stack_never_holds_more_than_a_tier_size_dropping_the_least_recently_used(tmp_path):
     p = pool()
     one = DiskKVTier(tmp_path / "probe", 1 << 20, p).file_bytes
-    tier = DiskKVTier(tmp_path / "t", 3 * one, p)
-    hashes = [block_hash(ROOT_HASH, (i, 0, 0, 0)) for i in range(5)]
-    for i, h in enumerate(hashes[:3]):
-        tier.store(h, ROOT_HASH, (i, 0, 0, 0), block=i)
-    assert tier.load(hashes[0], ROOT_HASH, (0, 0, 0, 0), block=6)  # 0 is now the most recently used
-    for i, h in enumerate(hashes[3:], start=3):
-        tier.store(h, ROOT_HASH, (i, 0, 0, 0), block=i)
-    assert [h in tier for h in hashes] == [True, False, False, True, True]
-    assert sum(f.stat().st_size for f in (tmp_path / "t").iterdir()) <= 3 * one and tier.stats.evicted == 2
+    events: list = []
+    disk = DiskKVTier(tmp_path / "t", 3 * one, p)
+    tiers = KVTiers(p, [disk], KVEventLog(events.append))
+    keys = [(i, 0, 0, 0) for i in range(5)]
+    hashes = [block_hash(ROOT_HASH, k) for k in keys]
+    tiers.store_blocks([(hashes[i], ROOT_HASH, keys[i], i) for i in range(3)])
+    assert tiers.load(hashes[0], ROOT_HASH, keys[0], 6)  # 0 is now the most recently used
+    tiers.store_blocks([(hashes[i], ROOT_HASH, keys[i], i) for i in range(3, 5)])
+    assert [h in disk for h in hashes] == [True, False, False, True, True]
+    assert sum(f.stat().st_size for f in (tmp_path / "t").iterdir()) <= 3 * one and disk.stats.evicted == 2
+    removed = [e for e in events if isinstance(e, BlockRemoved)]
+    assert [(e.block_hashes, e.tier) for e in removed] == [((hashes[1],), KVTier.DISK), ((hashes[2],), KVTier.DISK)]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # one gap-free sequence
+
+
+def test_host_full_moves_its_oldest_block_down_to_disk_bit_for_bit(tmp_path):
+    p = pool()
+    block_bytes = p[0].numel() * p.element_size()
+    events: list = []
+    host = HostKVTier(2 * block_bytes, p)
+    disk = DiskKVTier(tmp_path, 1 << 20, p)
+    tiers = KVTiers(p, [host, disk], KVEventLog(events.append))
+    keys = [(i, 1, 1, 1) for i in range(3)]
+    hashes = [block_hash(ROOT_HASH, k) for k in keys]
+    originals = [p[i].clone() for i in range(3)]
+    tiers.store_blocks([(hashes[i], ROOT_HASH, keys[i], i) for i in range(3)])
+    assert [h in host for h in hashes] == [False, True, True] and hashes[0] in disk and host.num_blocks == 2
+    assert [(type(e).__name__, e.block_hashes, e.tier) for e in events] == [
+        ("BlockStored", (hashes[0],), KVTier.HOST), ("BlockStored", (hashes[1],), KVTier.HOST),
+        ("BlockStored", (hashes[0],), KVTier.DISK), ("BlockRemoved", (hashes[0],), KVTier.HOST),
+        ("BlockStored", (hashes[2],), KVTier.HOST)]
+    p[3:6] = 0
+    for i in range(3):  # block 0 from disk, blocks 1 and 2 from host memory
+        assert tiers.load(hashes[i], ROOT_HASH, keys[i], 3 + i) and torch.equal(p[3 + i], originals[i])
+    assert (host.stats.loaded, disk.stats.loaded) == (2, 1)
+    snap = tiers.snapshot(seq=9)
+    assert sorted((e.block_hashes[0], e.tier) for e in snap) == sorted(
+        [(hashes[0], KVTier.DISK), (hashes[1], KVTier.HOST), (hashes[2], KVTier.HOST)])
+    stats = tiers.stats()
+    assert stats["kv_tier_host_stored"] == 3 and stats["kv_tier_disk_stored"] == 1 and stats["kv_tier_host_evicted"] == 1
+    assert set(tiers.load_rates()) == {KVTier.HOST, KVTier.DISK} and tiers.load_rates()[KVTier.DISK] > 0
+
+
+def test_a_rejected_disk_block_is_dropped_with_an_event_and_computed_instead(tmp_path):
+    p = pool()
+    events: list = []
+    disk = DiskKVTier(tmp_path, 1 << 20, p)
+    tiers = KVTiers(p, [disk], KVEventLog(events.append))
+    h = block_hash(ROOT_HASH, TOKENS)
+    tiers.store_blocks([(h, ROOT_HASH, TOKENS, 3)])
+    (path,) = tmp_path.glob("*.kv")
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    assert not tiers.load(h, ROOT_HASH, TOKENS, 5)
+    assert h not in tiers and isinstance(events[-1], BlockRemoved) and events[-1].tier == KVTier.DISK
+
+
+def test_write_through_selective_writes_a_block_at_its_nth_match_and_evictions_write_nothing(tmp_path):
+    p = pool()
+    alloc = BlockAllocator(8)
+    events: list = []
+    log = KVEventLog(events.append)
+    host = HostKVTier(8 * p[0].numel() * p.element_size(), p)
+    tiers = KVTiers(p, [host], log, policy="write-through-selective", write_through_hits=2)
+    cache = RadixCache(alloc, BS, lower=tiers, events=log)
+    hot, cold = list(range(1, 9)), list(range(50, 58))
+    for prompt in (hot, cold):
+        blocks = alloc.allocate(2)
+        cache.insert(prompt, blocks)
+        alloc.decref(blocks)
+    cache.match_prefix(hot)
+    assert host.num_blocks == 0  # one match: not yet
+    cache.match_prefix(hot)
+    assert host.num_blocks == 2  # the second: both blocks of the path, written while still in the pool
+    assert cache.num_cached_blocks == 4
+    cache.evict(4)  # write-through: eviction writes nothing, so the cold prompt is gone for good
+    assert host.num_blocks == 2 and host.stats.stored == 2
+    assert cache.match_and_load(hot).num_blocks == 2 and cache.match_and_load(cold).num_blocks == 0
+    assert tiers.lookup_blocks == 4 and host.stats.loaded == 2
+
+
+def test_the_cache_snapshot_covers_the_pool_and_every_tier(tmp_path):
+    p = pool()
+    alloc = BlockAllocator(4)
+    log = KVEventLog()
+    tiers = KVTiers(p, [DiskKVTier(tmp_path, 1 << 20, p)], log)
+    cache = RadixCache(alloc, BS, lower=tiers, events=log)
+    prompt = list(range(1, 13))
+    blocks = alloc.allocate(3)
+    cache.insert(prompt, blocks)
+    alloc.decref(blocks)
+    cache.evict(1)
+    seq, events = cache.snapshot()
+    assert seq == log.seq == 3  # stored (pool), removed (pool), stored (disk)
+    assert sorted((e.tier, len(e.block_hashes)) for e in events) == [(KVTier.POOL, 1), (KVTier.POOL, 1), (KVTier.DISK, 1)]
 
 
 class ListTier:
     """A lower tier in memory: what the radix cache asks of one."""
+    evict_writes = True
+    write_through_hits = None
 
     def __init__(self) -> None:
         self.blocks: dict[int, tuple[int, tuple[int, ...]]] = {}
@@ -93,12 +185,25 @@ class ListTier:
     def __contains__(self, h: int) -> bool:
         return h in self.blocks
 
-    def store(self, h: int, parent: int, tokens: tuple[int, ...], block: int) -> None:
-        self.blocks[h] = (parent, tokens)
+    def held_run(self, parent: int, keys):
+        run = []
+        for key in keys:
+            parent = block_hash(parent, key)
+            if parent not in self.blocks:
+                break
+            run.append((parent, key))
+        return run
+
+    def store_blocks(self, blocks) -> None:
+        for h, parent, tokens, _ in blocks:
+            self.blocks[h] = (parent, tokens)
 
     def load(self, h: int, parent: int, tokens: tuple[int, ...], block: int) -> bool:
         self.loaded.append((h, block))
         return self.blocks.get(h) == (parent, tokens)
+
+    def snapshot(self, seq: int) -> list:
+        return []
 
 
 def test_the_radix_cache_writes_back_on_eviction_and_loads_past_the_pool():
@@ -132,30 +237,42 @@ def test_a_failed_load_stops_the_prefix_there_and_frees_its_block():
     assert m.num_blocks == 0 and alloc.num_free == 4 and cache.num_cached_blocks == 0
 
 
-def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tier(make_llm, prompt_ids, hf_reference, tmp_path):
-    """A pool too small to keep the article's prompts between turns: their prefix goes to the tier
-    and comes back, and every output is still transformers' float32 greedy output."""
-    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
+@pytest.mark.parametrize("tiers", ["disk", "host+disk"])
+def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tiers(make_llm, prompt_ids, hf_reference,
+                                                                            tmp_path, tiers):
+    """A pool too small to keep the article's prompts between turns: their prefix goes down to the
+    tiers (host memory of 6 blocks in front of the disk: most blocks pass through it to the disk) and
+    comes back, and every output is still transformers' float32 greedy output."""
+    host = {"kv_host_tier_size_mb": 4} if tiers == "host+disk" else {}
+    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256, **host)
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))  # long ones first, evicted later
     first = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in order}
-    second = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in order}
+    # The second pass in reverse: the prompts the first pass ended with are still in the pool or in
+    # host memory, the ones it began with come back from disk.
+    second = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in reversed(order)}
     for i in order:
         assert first[i].token_ids == hf_reference[i], f"prompt {i}, first pass"
         assert second[i].token_ids == hf_reference[i], f"prompt {i}, second pass"
-    tier = llm.engine.kv_tier
-    assert tier is not None and tier.stats.stored > 0 and tier.stats.loaded > 0 and tier.stats.rejected == 0
+    stats = llm.engine.stats()
+    assert stats["kv_tier_disk_stored"] > 0 and stats["kv_tier_disk_rejected"] == 0
+    loaded = stats["kv_tier_disk_loaded"] + stats.get("kv_tier_host_loaded", 0)
+    assert loaded > 0 and stats["kv_tier_lookup_blocks"] >= loaded
+    if tiers == "host+disk":
+        assert stats["kv_tier_host_stored"] > 0 and stats["kv_tier_host_loaded"] > 0 and stats["kv_tier_host_evicted"] > 0
     longest = order[0]  # evicted by the later prompts, reloaded on its second turn
     assert second[longest].num_cached_tokens >= len(prompt_ids[longest]) // 2
     assert sum(f.stat().st_size for f in tmp_path.iterdir()) <= 256 * 2**20
-    # A restarted node adopts its tier: the first turn after the restart reloads the prefix. (Write-back:
-    # what was still only in the pool is lost with the process; evicting it all writes it down first.)
-    llm.engine.prefix_cache.evict(llm.engine.num_blocks)
-    restarted = LLM(None, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
-    after = restarted.generate([prompt_ids[longest]], greedy)[0]
-    assert after.token_ids == hf_reference[longest]
-    assert after.num_cached_tokens >= len(prompt_ids[longest]) // 2
-    restarted.engine.check_block_integrity()
+    if tiers == "disk":
+        # A restarted node adopts its disk tier: the first turn after the restart reloads the prefix.
+        # (Write-back: what was still only in the pool, or in host memory, is lost with the process;
+        # evicting it all writes it down first.)
+        llm.engine.prefix_cache.evict(llm.engine.num_blocks)
+        restarted = LLM(None, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
+        after = restarted.generate([prompt_ids[longest]], greedy)[0]
+        assert after.token_ids == hf_reference[longest]
+        assert after.num_cached_tokens >= len(prompt_ids[longest]) // 2
+        restarted.engine.check_block_integrity()
 
 
 def test_loading_into_a_full_pool_evicts_least_recently_used_blocks_once_for_the_run():

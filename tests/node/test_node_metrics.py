@@ -46,17 +46,23 @@ def test_counters_add_what_the_totals_grew_by():
     assert api["raypd_node_transfer_rooms"].value(node="raypd-prefill-0") == 1
 
 
-def test_kv_tier_totals_become_counters_by_operation():
+def test_kv_tier_totals_become_counters_by_tier_and_operation():
     api = FakeMetricsAPI()
     m = NodeMetrics(api)
-    tier = {"kv_tier_stored": 5, "kv_tier_loaded": 2, "kv_tier_rejected": 1, "kv_tier_evicted": 0,
-            "kv_tier_bytes_written": 5000, "kv_tier_bytes_read": 2000}
+    tier = {"kv_tier_disk_stored": 5, "kv_tier_disk_loaded": 2, "kv_tier_disk_rejected": 1, "kv_tier_disk_evicted": 0,
+            "kv_tier_disk_bytes_written": 5000, "kv_tier_disk_bytes_read": 2000, "kv_tier_disk_load_seconds": 0.5,
+            "kv_tier_host_stored": 7, "kv_tier_host_loaded": 3, "kv_tier_lookup_blocks": 10}
     m.observe(report("raypd-decode-0", "decode"), tier)
-    m.observe(report("raypd-decode-0", "decode"), {**tier, "kv_tier_loaded": 6, "kv_tier_bytes_read": 6000})
-    assert api["raypd_node_kv_tier_blocks"].value(op="stored") == 5
-    assert api["raypd_node_kv_tier_blocks"].value(op="loaded") == 6
-    assert api["raypd_node_kv_tier_blocks"].value(op="rejected") == 1
-    assert api["raypd_node_kv_tier_bytes"].value(direction="read") == 6000
+    m.observe(report("raypd-decode-0", "decode"), {**tier, "kv_tier_disk_loaded": 6, "kv_tier_disk_bytes_read": 6000,
+                                                   "kv_tier_disk_load_seconds": 1.5, "kv_tier_lookup_blocks": 30})
+    assert api["raypd_node_kv_tier_blocks"].value(tier="disk", op="stored") == 5
+    assert api["raypd_node_kv_tier_blocks"].value(tier="disk", op="loaded") == 6
+    assert api["raypd_node_kv_tier_blocks"].value(tier="disk", op="rejected") == 1
+    assert api["raypd_node_kv_tier_blocks"].value(tier="host", op="stored") == 7
+    assert api["raypd_node_kv_tier_blocks"].value(tier="host", op="loaded") == 3
+    assert api["raypd_node_kv_tier_bytes"].value(tier="disk", direction="read") == 6000
+    assert api["raypd_node_kv_tier_load_seconds"].value(tier="disk") == 1.5
+    assert api["raypd_node_kv_tier_lookup_blocks"].value(node="raypd-decode-0") == 30
 
 
 def test_retractions_and_preemptions_count_apart():
