@@ -1,1 +1,1 @@
-"""The KV tiers below the pool, measured outside `raypd bench serve` (engine/cache/kv_tiers.py)."""
+"""The KV tiers below the pool measured on one engine, outside `raypd bench serve`; map in docs/architecture.md."""
