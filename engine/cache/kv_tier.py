@@ -117,17 +117,10 @@ class DiskKVTier:
 
     def kv(self, hash_: int) -> torch.Tensor:
         """The block's KV from its file (checked); KeyError when it is gone or fails a check."""
-        out = torch.empty(self.block_shape, dtype=self.dtype)
-        parent, tokens = self._files[hash_]
-        try:
-            data = self._path(hash_).read_bytes()
-        except OSError:
-            data = b""
-        payload = self._verified_payload(data, hash_, parent, tokens)
+        payload = self._read_checked(hash_, *self._files[hash_])
         if payload is None:
             raise KeyError(f"tier block {hash_:016x} failed its checks")
-        out.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype).view(self.block_shape))
-        return out
+        return self._as_block(payload)
 
     # -- write ------------------------------------------------------------------------------------
     def put(self, hash_: int, parent_hash: int, tokens: tuple[int, ...], kv: torch.Tensor) -> bool:
@@ -158,22 +151,28 @@ class DiskKVTier:
         if hash_ not in self._files:
             return False
         start = time.perf_counter()
-        try:
-            data = self._path(hash_).read_bytes()
-        except OSError:
-            data = b""
-        payload = self._verified_payload(data, hash_, parent_hash, tokens)
+        payload = self._read_checked(hash_, parent_hash, tokens)
         if payload is None:
             self.drop(hash_)
             self.stats.rejected += 1
             return False
-        src = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype).view(self.block_shape)
-        dst.copy_(src)
+        dst.copy_(self._as_block(payload))
         self._files.move_to_end(hash_)
         self.stats.loaded += 1
-        self.stats.bytes_read += len(data)
+        self.stats.bytes_read += self.file_bytes
         self.stats.load_seconds += time.perf_counter() - start
         return True
+
+    def _read_checked(self, hash_: int, parent_hash: int, tokens: tuple[int, ...]) -> bytes | None:
+        """The payload of hash_'s file when every check passes, else None."""
+        try:
+            data = self._path(hash_).read_bytes()
+        except OSError:
+            data = b""
+        return self._verified_payload(data, hash_, parent_hash, tokens)
+
+    def _as_block(self, payload: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype).view(self.block_shape)
 
     def _verified_payload(self, data: bytes, hash_: int, parent_hash: int, tokens: tuple[int, ...]) -> bytes | None:
         if len(data) != self.file_bytes:
