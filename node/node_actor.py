@@ -81,7 +81,7 @@ class NodeActor:
 
     # -- engine thread ----------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:
-        return self.core.load_report(self.duty.load(), stats={**self.core.engine.totals(), **self.duty.role_stats()})
+        return self.core.load_report(self.duty.load(), stats=self.duty.role_stats())
 
     def _stats(self) -> dict:
         return self.core.stats(**self.duty.role_stats())

@@ -200,8 +200,12 @@ class NodeCore:
         """The engine's load plus what the duty holds outside it, and a flex node's duty; also
         feeds the node's metrics."""
         report = self._report(held)
-        self.metrics.observe(report, stats)
+        self.metrics.observe(report, self._metric_totals(stats or {}))
         return report
+
+    def _metric_totals(self, role_stats: dict) -> dict:
+        """What the metrics count: the engine's running totals (retractions, tier traffic) and the duty's."""
+        return {**self.engine.totals(), **role_stats}
 
     def _publish(self, force: bool = False) -> None:
         """Publish the load for published_load(), at most every PUBLISH_EVERY_S."""
@@ -210,8 +214,7 @@ class NodeCore:
             return
         assert self._duty is not None, "start(duty) runs the engine thread"
         self._next_publish = now + PUBLISH_EVERY_S
-        # The engine's running totals too: the metrics count retractions and tier traffic from them.
-        self._published = (self._report(self._duty.load()), {**self.engine.totals(), **self._duty.role_stats()})
+        self._published = (self._report(self._duty.load()), self._metric_totals(self._duty.role_stats()))
 
     def _report(self, held: DutyLoad) -> LoadReport:
         load = self.engine.load()
