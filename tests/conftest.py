@@ -96,17 +96,21 @@ def prompt_ids(llm) -> list[list[int]]:
     return ids
 
 
-def hf_greedy(prompt_ids: list[list[int]], dtype_name: str) -> list[list[int]]:
-    """Greedy continuations from transformers in `dtype_name`, loading the GGUF with its own
-    dequantizer, one prompt at a time (no padding), stopping at EOS like the engine."""
+def hf_greedy(prompt_ids: list[list[int]], dtype_name: str, model_dir: str | None = None) -> list[list[int]]:
+    """Greedy continuations from transformers in `dtype_name`, one prompt at a time (no padding),
+    stopping at EOS like the engine: of the default model (its GGUF, with transformers' own
+    dequantizer), or of the Hugging Face folder `model_dir`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from raypd.engine.model.source import default_model_path
 
-    path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=getattr(torch, dtype_name))
+    dtype = getattr(torch, dtype_name)
+    if model_dir is None:
+        path = default_model_path()
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.eval()
     out = []
     with torch.inference_mode():
@@ -202,6 +206,7 @@ OWN_GROUP = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl
 # group, "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters
 # meet. The lab's clusters live in network namespaces of their own.
 RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py",
+            "tests/bench_tenants/test_tenants_short.py",
             "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py",
             "tests/lab/test_host_faults.py"}
 

@@ -1,6 +1,8 @@
 """`raypd generate --mode pd|mixed` as a user runs it: a subprocess that starts its own local Ray
 cluster, node actors and (by default) the Conductor that routes each prompt, sends every prompt at
-once, and prints JSON lines equal to the reference."""
+once, and prints JSON lines equal to transformers' greedy output. On the tiny random-weight model
+(tests/tiny_model.py): what is checked is the CLI's modes end to end; the real model's parity across
+a prefill and a decode node is tests/cluster/test_pd_parity.py's."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import NEW_TOKENS
+from tests.conftest import NEW_TOKENS, hf_greedy
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
@@ -19,6 +21,12 @@ def prompt_file(tmp_path_factory, prompt_ids):
     path = tmp_path_factory.mktemp("pd") / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt_token_ids": ids}) + "\n" for ids in prompt_ids))
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_model_dir, prompt_ids) -> list[list[int]]:
+    """transformers' float32 greedy continuations on the tiny model (a second or two)."""
+    return hf_greedy(prompt_ids, "float32", tiny_model_dir)
 
 
 def run_cli(*args: str) -> list[dict]:
@@ -39,10 +47,11 @@ def run_cli(*args: str) -> list[dict]:
     ("--mode", "pd", "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5"),
     ("--mode", "mixed", "--mixed-nodes", "2", "--policy", "none"),   # no Conductor: the driver's round-robin
 ], ids=["pd-1+1", "pd-2+2", "mixed-2-no-conductor"])
-def test_cluster_modes_match_reference(args, prompt_file, hf_reference):
-    rows = run_cli("--input", str(prompt_file), "--num-blocks", "512", *args)
-    assert [r["token_ids"] for r in rows] == hf_reference
-    assert [r["finish_reason"] for r in rows] == ["stop" if len(ref) < NEW_TOKENS else "length" for ref in hf_reference]
+def test_cluster_modes_match_reference(args, prompt_file, tiny_model_dir, tiny_reference):
+    rows = run_cli("--input", str(prompt_file), "--model", tiny_model_dir, "--num-blocks", "512", *args)
+    assert [r["token_ids"] for r in rows] == tiny_reference
+    assert [r["finish_reason"] for r in rows] == \
+        ["stop" if len(ref) < NEW_TOKENS else "length" for ref in tiny_reference]
 
 
 @pytest.mark.parametrize("args, message", [
