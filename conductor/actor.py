@@ -46,6 +46,7 @@ from raypd.conductor.planners.migration import MigrationPlan
 from raypd.conductor.topology import Topology
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
 from raypd.protocol.roles import Role
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +107,17 @@ class Conductor:
     # -- caller-facing ------------------------------------------------------------------------
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
                     block_hashes: dict[int, list[int]] | None = None,
-                    exclude: Sequence[str] = ()) -> RouteDecision:
+                    exclude: Sequence[str] = (), priority: int = DEFAULT_PRIORITY) -> RouteDecision:
         """The decision for one request; raises AdmissionRejected / NoCandidateError (Ray re-raises
         them as instances of the same classes). A fetch (Branch B) is carried out before the
         decision returns, since the estimate put it ahead of the prefill; if it fails the decision
         falls back to the target's own cache. `block_hashes`: see ConductorCore.route. `exclude`:
-        nodes the caller will not use (a retry's failed node, a node its circuit breaker holds out)."""
+        nodes the caller will not use (a retry's failed node, a node its circuit breaker holds out).
+        `priority`: the request's (SamplingParams.priority); its queue estimates, and so the SLO
+        admission, count only the work a node serves before it."""
         self._ensure_loop()
-        d = self.core.route(request_id, prompt_token_ids, block_hashes=block_hashes, exclude=exclude)
+        d = self.core.route(request_id, prompt_token_ids, block_hashes=block_hashes, exclude=exclude,
+                            priority=priority)
         if d.fetch is not None:
             ok = await self._copy_prefix(d.fetch.source, d.fetch.target, list(prompt_token_ids[:d.fetch.num_tokens]))
             if not ok:

@@ -40,7 +40,9 @@ from raypd.conductor.topology import Topology
 from raypd.protocol.duty import Duty
 from raypd.protocol.kv_events import BlockStored
 from raypd.protocol.messages import HostInfo, KVEventBatch, LoadReport
+from raypd.protocol.queued_by_priority import LEAST_URGENT
 from raypd.protocol.roles import Role
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY, check_priority
 
 _PREDICTIONS_KEPT = 4096
 
@@ -174,13 +176,18 @@ class ConductorCore:
 
     # -- routing ------------------------------------------------------------------------------
     def route(self, request_id: str, prompt_token_ids: Sequence[int], now: float | None = None,
-              block_hashes: dict[int, list[int]] | None = None, exclude: Collection[str] = ()) -> RouteDecision:
+              block_hashes: dict[int, list[int]] | None = None, exclude: Collection[str] = (),
+              priority: int = DEFAULT_PRIORITY) -> RouteDecision:
         """Choose (prefill, decode) for one request. Raises AdmissionRejected when an SLO is set
-        and the best estimate breaks it, NoCandidateError when no node can serve.
+        and the best estimate breaks it, NoCandidateError when no node can serve, InvalidRequestError
+        for a priority that is not one.
 
         `block_hashes` lets a caller that already hashed the prompt (an ingress replica, off the
         Conductor's one thread) skip hashing here: {block size: PrefixIndex.hash_prompt(...)[bs]}
-        computed with engine.block_hash; hashing is about half of a decision's time."""
+        computed with engine.block_hash; hashing is about half of a decision's time. `priority`: the
+        request's (SamplingParams.priority); every estimate counts only the queued work a node serves
+        before it (RoutingView.priority), the SLO admission included."""
+        check_priority(priority)
         t0 = time.perf_counter()
         now = self.clock() if now is None else now
         if block_hashes is not None and set(block_hashes) != set(self.index.block_sizes()):
@@ -190,10 +197,10 @@ class ConductorCore:
         excluded = np.array(sorted(self.registry.get(n).slot for n in exclude if n in self.registry), dtype=np.int64)
         view = RoutingView(request_id, len(prompt_token_ids), match, now, self.table, self.topology,
                            self.prefill_model, self.decode_model, self.config, self._names, held=indexed,
-                           excluded=excluded)
+                           excluded=excluded, priority=priority)
         cfg = self.config
         d = self._decide(view)
-        d.decided_at = now
+        d.decided_at, d.priority = now, priority
         reason, est, slo = "", 0.0, 0.0
         if cfg.ttft_slo_s is not None and d.est_ttft_s > cfg.ttft_slo_s:
             reason, est, slo = "ttft", d.est_ttft_s, cfg.ttft_slo_s
@@ -209,7 +216,7 @@ class ConductorCore:
 
         p = self.registry.get_alive(d.prefill_node)
         dn = self.registry.get_alive(d.decode_node)
-        self.table.add_pending_prefill(p.slot, d.prompt_tokens - d.predicted_cached_tokens, now)
+        self.table.add_pending_prefill(p.slot, d.prompt_tokens - d.predicted_cached_tokens, now, priority)
         self.table.add_pending_decode(dn.slot, d.prompt_tokens, now)
         if cfg.pending_prefixes:
             bs = self.index.node_block_size(p.name) or cfg.block_size
@@ -218,8 +225,10 @@ class ConductorCore:
             known = indexed.tokens(p.slot) // bs
             self.pending.add(p.slot, chain, now + max(cfg.pending_ttl_factor * d.est_ttft_s, 1.0), start=known)
         if cfg.migration.enabled:
-            # Migration copies what nodes hold, so it reasons on the index alone.
-            d.migration = self._consider_migration(replace(view, match=indexed), prompt_token_ids, now)
+            # Migration copies what nodes hold, so it reasons on the index alone, and for the prefix's
+            # requests of every priority: a holder's whole queue (a request at the least urgent's).
+            d.migration = self._consider_migration(replace(view, match=indexed, priority=LEAST_URGENT),
+                                                   prompt_token_ids, now)
         d.latency_s = time.perf_counter() - t0
         self._record(d)
         return d
@@ -455,6 +464,7 @@ class ConductorCore:
                 "alive": info.alive, "death_reason": info.death_reason,
                 "host": info.host.hostname or info.host.node_id, "node_id": info.host.node_id,
                 "queued_prefill_tokens": r.queued_prefill_tokens if r else 0,
+                "queued_prefill_by_priority": [list(level) for level in r.queued_prefill_by_priority] if r else [],
                 "waiting": r.waiting if r else 0, "running": r.running if r else 0,
                 "free_blocks": r.free_blocks if r else 0, "total_blocks": r.total_blocks if r else 0,
                 "cached_blocks": r.cached_blocks if r else 0,

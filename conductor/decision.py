@@ -6,13 +6,15 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY
+
 
 @dataclass(slots=True)
 class CandidateEstimate:
     """One prefill candidate as the policy saw it."""
     node: str
     cached_tokens: int          # local match
-    queued_tokens: float        # reported + routed since the report
+    queued_tokens: float        # reported + routed since the report, that the request waits behind
     queue_s: float = 0.0
     prefill_s: float = 0.0
     fetch_tokens: int = 0       # tokens pulled from `fetch_from` before prefill (Branch B)
@@ -27,6 +29,8 @@ class CandidateEstimate:
     tier_load_s: float = 0.0
     tier_used: bool = False
     tiers: dict[str, int] = field(default_factory=dict)   # tier_tokens by tier name
+    # Queued there too, but less urgent than the request: it overtakes them, so queue_s leaves them out
+    queued_behind_tokens: float = 0.0
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class RouteDecision:
     local: Any = None               # split_or_local.LocalEstimate, when the local path was weighed
     decided_at: float = 0.0
     latency_s: float = 0.0
+    priority: int = DEFAULT_PRIORITY    # the request's: its queue estimates count the work served before it
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -89,7 +94,7 @@ class RouteDecision:
             f"prefill {self.prefill_node}, decode {self.decode_node}"
         lines = [f"{self.request_id}: {self.policy}/{self.branch} -> {target}; cached {self.predicted_cached_tokens}/{self.prompt_tokens} "
                  f"(best {self.best_match_tokens} on {self.best_match_nodes[:4]}), "
-                 f"TTFT ~{self.est_ttft_s * 1e3:.1f} ms, TBT ~{self.est_tbt_s * 1e3:.1f} ms"]
+                 f"TTFT ~{self.est_ttft_s * 1e3:.1f} ms, TBT ~{self.est_tbt_s * 1e3:.1f} ms, priority {self.priority}"]
         for c in self.candidates:
             tier = ""
             if c.tier_tokens:
@@ -97,14 +102,15 @@ class RouteDecision:
                 tier = (f" tier {c.tier_tokens} ({split}) load {c.tier_load_s * 1e3:.1f}"
                         f"{'' if c.tier_used else ' (not used)'}")
             lines.append(f"  P {c.node}: cached {c.cached_tokens}{tier} fetch {c.fetch_tokens} queue "
-                         f"{c.queue_s * 1e3:.1f} prefill {c.prefill_s * 1e3:.1f} send {c.send_s * 1e3:.1f}"
-                         f" -> {c.ttft_s * 1e3:.1f} ms")
+                         f"{c.queue_s * 1e3:.1f}{_passed(c.queued_tokens, c.queued_behind_tokens)} prefill "
+                         f"{c.prefill_s * 1e3:.1f} send {c.send_s * 1e3:.1f} -> {c.ttft_s * 1e3:.1f} ms")
         for dc in self.decode_candidates:
             lines.append(f"  D {dc.node}: load {dc.load:g} tbt {dc.tbt_s * 1e3:.1f} send {dc.send_s * 1e3:.1f}")
         if self.fetch:
             lines.append(f"  fetch {self.fetch.num_tokens - self.fetch.from_tokens} tokens from {self.fetch.source}")
         if (lo := self.local) is not None:
-            lines.append(f"  L {lo.node}: cached {lo.cached_tokens} queued {lo.queued_tokens:g} running {lo.running:g}"
+            lines.append(f"  L {lo.node}: cached {lo.cached_tokens} queued {lo.queued_tokens:g}"
+                         f"{_passed(lo.queued_tokens, lo.queued_behind_tokens)} running {lo.running:g}"
                          f" steps {lo.steps} -> {lo.ttft_s * 1e3:.1f} ms, tbt {lo.tbt_s * 1e3:.1f} ms, tpot cost "
                          f"{lo.tpot_cost_s * 1e3:.1f} ms vs split {lo.split_ttft_s * 1e3:.1f} ms "
                          f"(handoff {lo.split_handoff_s * 1e3:.1f}): "
@@ -114,6 +120,11 @@ class RouteDecision:
         if self.rejected:
             lines.append(f"  REJECTED ({self.rejected})")
         return "\n".join(lines)
+
+
+def _passed(ahead: float, behind: float) -> str:
+    """A queue's tokens the request overtakes (less urgent), when there are any."""
+    return f" ({ahead:g} tokens ahead, {behind:g} less urgent passed)" if behind else ""
 
 
 class DecisionLog:

@@ -4,6 +4,11 @@ Policies read these as numpy arrays indexed by slot, so scoring a thousand candi
 of vector operations instead of a Python loop. Reports are periodic and lag behind routing; without
 the routed-since-report term every request between two reports would pile onto the same "lightest"
 node (herding), so each routed request is remembered until a report stamped after it arrives.
+
+What one request waits behind at a node is not the whole queue: the node serves more urgent work
+first (protocol/queued_by_priority.py). Each slot keeps its queued prompt tokens, reported and
+routed since, by priority in a row of MAX_LEVELS (priority, tokens) pairs, so a request's queue is
+the slot's total less the row's tokens less urgent than it: one masked sum per candidate.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import numpy as np
 
 from raypd.protocol.kv_events import KVTier
 from raypd.protocol.messages import LoadReport
+from raypd.protocol.queued_by_priority import MAX_LEVELS, QueuedByPriority, summarize
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY
 
 _FIELDS = ("queued", "speed", "waiting", "running", "inflight", "free_blocks", "total_blocks",
            "cached_blocks", "step_time", "kv_bytes_per_token", "pending_tokens", "pending_decode",
@@ -41,11 +48,17 @@ class LoadTable:
         # (KVTier, slot): measured bytes/s of loading blocks from that tier into the pool (0: not
         # measured yet, or no such tier; row POOL stays 0)
         self.tier_load_rate = np.zeros((len(KVTier), 0))
+        # (slot, MAX_LEVELS): queued prompt tokens (reported + routed since) by priority, most urgent
+        # first; the tokens not placed in a row are ahead of every request (unused pairs hold 0 tokens)
+        self.level_priority = np.zeros((0, MAX_LEVELS), dtype=np.int64)
+        self.level_tokens = np.zeros((0, MAX_LEVELS))
+        self._reported_levels: dict[int, QueuedByPriority] = {}
+        self._pending_levels: dict[int, dict[int, int]] = {}   # slot -> priority -> tokens routed since
         # per slot, routed since the last report:
         self.pending_tokens = np.zeros(0)        # prefill tokens
         self.pending_decode = np.zeros(0)        # requests
         self.pending_decode_tokens = np.zeros(0)  # their prompt tokens (KV the decode node will hold)
-        self._pending: dict[int, deque] = {}         # slot -> (time, prefill tokens)
+        self._pending: dict[int, deque] = {}         # slot -> (time, prefill tokens, priority)
         self._pending_dec: dict[int, deque] = {}     # slot -> (time, prompt tokens)
         self._prefill_slots = np.zeros(0, dtype=np.int64)
         self._decode_slots = np.zeros(0, dtype=np.int64)
@@ -58,6 +71,9 @@ class LoadTable:
         for f in _FIELDS:
             getattr(self, f)[slot] = 0.0
         self.tier_load_rate[:, slot] = 0.0
+        self._reported_levels[slot] = ()
+        self._pending_levels[slot] = {}
+        self._write_levels(slot)
         self.prefill_role[slot], self.decode_role[slot] = prefill, decode
         self.host[slot], self.block_size[slot] = host, block_size
         self.alive[slot] = True
@@ -74,6 +90,8 @@ class LoadTable:
         self.alive[slot] = False
         self._pending.pop(slot, None)
         self._pending_dec.pop(slot, None)
+        self._reported_levels.pop(slot, None)
+        self._pending_levels.pop(slot, None)
         self._refresh()
 
     def prefill_slots(self) -> np.ndarray:
@@ -101,15 +119,25 @@ class LoadTable:
             if rate > 0 and 0 < tier < len(KVTier):
                 self.tier_load_rate[tier, slot] = rate
         # A report stamped t covers every request routed before t; timestamp 0 means "now".
-        self.pending_tokens[slot] = _expire(self._pending[slot], r.timestamp)
+        pending = self._pending[slot]
+        self.pending_tokens[slot] = _expire(pending, r.timestamp)
+        by_priority: dict[int, int] = {}
+        for _, tokens, priority in pending:
+            by_priority[priority] = by_priority.get(priority, 0) + int(tokens)
+        self._pending_levels[slot] = by_priority
+        self._reported_levels[slot] = r.queued_prefill_by_priority
+        self._write_levels(slot)
         dec = self._pending_dec[slot]
         tokens = _expire(dec, r.timestamp)
         self.pending_decode[slot] = len(dec)
         self.pending_decode_tokens[slot] = tokens
 
-    def add_pending_prefill(self, slot: int, tokens: float, now: float) -> None:
-        self._pending[slot].append((now, tokens))
+    def add_pending_prefill(self, slot: int, tokens: float, now: float, priority: int = DEFAULT_PRIORITY) -> None:
+        self._pending[slot].append((now, tokens, priority))
         self.pending_tokens[slot] += tokens
+        levels = self._pending_levels[slot]
+        levels[priority] = levels.get(priority, 0) + int(tokens)
+        self._write_levels(slot)
 
     def add_pending_decode(self, slot: int, prompt_tokens: float, now: float) -> None:
         self._pending_dec[slot].append((now, prompt_tokens))
@@ -119,6 +147,12 @@ class LoadTable:
     # -- derived views ------------------------------------------------------------------------
     def prefill_queue_tokens(self, slots: np.ndarray) -> np.ndarray:
         return self.queued[slots] + self.pending_tokens[slots]
+
+    def prefill_queue_ahead(self, slots: np.ndarray, priority: int) -> np.ndarray:
+        """Of prefill_queue_tokens, what a new request at `priority` waits behind: all of it less
+        the tokens queued at a less urgent priority (equal priorities: exactly the whole queue)."""
+        behind = np.where(self.level_priority[slots] > priority, self.level_tokens[slots], 0.0).sum(axis=1)
+        return np.maximum(self.prefill_queue_tokens(slots) - behind, 0.0)
 
     def decode_load(self, slots: np.ndarray) -> np.ndarray:
         """Sequences a decode node holds or is about to hold. A decode node's `waiting` already
@@ -142,7 +176,20 @@ class LoadTable:
         rates = np.zeros((len(KVTier), n))
         rates[:, :old] = self.tier_load_rate[:, :old]
         self.tier_load_rate = rates
+        for name in ("level_priority", "level_tokens"):
+            a = getattr(self, name)
+            b = np.zeros((n, MAX_LEVELS), dtype=a.dtype)
+            b[:old] = a[:old]
+            setattr(self, name, b)
         self.capacity = n
+
+    def _write_levels(self, slot: int) -> None:
+        """The slot's row: its last report's levels and those routed since, as one bounded summary."""
+        levels = summarize([*self._reported_levels[slot], *self._pending_levels[slot].items()])
+        self.level_priority[slot] = 0
+        self.level_tokens[slot] = 0.0
+        for k, (priority, tokens) in enumerate(levels):
+            self.level_priority[slot, k], self.level_tokens[slot, k] = priority, tokens
 
     def _refresh(self) -> None:
         self._prefill_slots = np.flatnonzero(self.alive & self.prefill_role)
@@ -155,4 +202,4 @@ def _expire(log: deque, stamp: float) -> float:
     else:
         while log and log[0][0] <= stamp:
             log.popleft()
-    return float(sum(t for _, t in log))
+    return float(sum(entry[1] for entry in log))

@@ -6,7 +6,8 @@ The local path on decode node d, which computes at most B prompt tokens per step
 
     U_d        = n - cached_d                       its own prefix cache counts: a chat's next turn
                                                     finds the last turn's KV where it was decoded
-    Q_d        = prompt tokens already queued there (reported + routed since)
+    Q_d        = prompt tokens already queued there (reported + routed since) that the request waits
+                 behind: those at its priority or a more urgent one (RoutingView.queued_ahead)
     ttft_d     = (ceil((Q_d + U_d) / B) + 1/2) x step_d  +  prefill(Q_d + U_d | cached_d)
                                                     the half step: the request joins at the end of the
                                                     step under way
@@ -71,7 +72,7 @@ class LocalEstimate:
     """The best local candidate as the Conductor saw it, against the split path's estimate."""
     node: str
     cached_tokens: int          # of the prompt, in the decode node's own cache
-    queued_tokens: float        # prompt tokens already queued on it
+    queued_tokens: float        # prompt tokens already queued on it, that the request waits behind
     running: float              # sequences it decodes now (the ones a local prefill slows down)
     steps: int                  # steps until the prompt is computed, B tokens at a time
     ttft_s: float
@@ -81,6 +82,7 @@ class LocalEstimate:
     split_handoff_s: float = 0.0  # of which the split decode node's step boundaries
     chosen: bool = False
     why: str = ""               # why not, when the split path stayed
+    queued_behind_tokens: float = 0.0   # queued on it too, less urgent than the request: left out
 
 
 def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefillConfig,
@@ -100,7 +102,7 @@ def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefil
         return None
     slots = slots[room]
     cached = view.cached(slots)
-    queued = table.prefill_queue_tokens(slots)
+    queued = view.queued_ahead(slots)
     running = table.running[slots]
     step = view.decode_model.step_time(running)
     pslots = view.prefill_slots
@@ -118,7 +120,8 @@ def choose_path(view: RoutingView, split: RouteDecision | None, cfg: LocalPrefil
     score = ttft + cfg.tpot_weight * cost
     i = int(np.argmin(score))
     est = LocalEstimate(view.names[int(slots[i])], int(cached[i]), float(queued[i]), float(running[i]),
-                        int(steps[i]), float(ttft[i]), float(tbt[i]), float(cost[i]), split_ttft_s, handoff)
+                        int(steps[i]), float(ttft[i]), float(tbt[i]), float(cost[i]), split_ttft_s, handoff,
+                        queued_behind_tokens=float(table.prefill_queue_tokens(slots[i:i + 1])[0] - queued[i]))
     if tbt_slo_s is not None and est.tbt_s > tbt_slo_s:
         est.why = f"its TBT while prefilling ({est.tbt_s * 1e3:.0f} ms) breaks the TBT SLO"
     elif float(score[i]) >= split_ttft_s:

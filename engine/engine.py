@@ -50,6 +50,7 @@ from raypd.engine.sampler import Sampler
 from raypd.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from raypd.engine.tokenizer import Tokenizer
 from raypd.protocol.kv_events import KVEventCallback
+from raypd.protocol.queued_by_priority import QueuedByPriority
 from raypd.protocol.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class EngineLoad:
     total_blocks: int
     kv_bytes_per_token: int = 0
     tier_load_bytes_per_s: dict[int, float] = field(default_factory=dict)  # KVTier -> measured load rate
+    queued_by_priority: QueuedByPriority = ()   # queued_prefill_tokens by priority (Scheduler.queued_prompt_tokens)
 
 
 class LLMEngine:
@@ -476,13 +478,13 @@ class LLMEngine:
     # -- introspection --------------------------------------------------------------------------
     def load(self) -> EngineLoad:
         sched = self.scheduler
-        queued = sum(r.num_prompt_tokens - min(r.num_computed_tokens, r.num_prompt_tokens)
-                     for r in (*sched.waiting, *sched.running))
-        return EngineLoad(len(sched.waiting), len(sched.running), queued,
+        by_priority = sched.queued_prompt_tokens()
+        return EngineLoad(len(sched.waiting), len(sched.running), sum(t for _, t in by_priority),
                           self.allocator.num_free + self.prefix_cache.num_evictable_blocks,
                           self.prefix_cache.num_cached_blocks, self.num_blocks,
                           kv_bytes_per_token=self.kv_bytes_per_token,
-                          tier_load_bytes_per_s=self.kv_tier.load_rates() if self.kv_tier is not None else {})
+                          tier_load_bytes_per_s=self.kv_tier.load_rates() if self.kv_tier is not None else {},
+                          queued_by_priority=by_priority)
 
     def num_backlogged(self) -> int:
         """Requests the last step left waiting (no running slot or no memory for them) that still

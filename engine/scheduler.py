@@ -24,7 +24,9 @@ its computed blocks left in the prefix cache, so it resumes from there (vLLM's p
 Tenants (SamplingParams.tenant) share the node within a priority: the waiting requests of the
 tenant this node has computed the fewest tokens for come first (Virtual Token Counters,
 protocol/fair_share.py; a tenant that comes back is lifted to the smallest counter of those with
-requests here), then the policy's order. Fairness orders the queue only: it preempts
+requests here), a tie going to the tenant with fewer requests waiting (as at the ingress's line:
+a tenant just lifted to a flood's level would otherwise wait behind all of the flood's queue),
+then the policy's order. Fairness orders the queue only: it preempts
 nothing, and with one tenant the order is the policy's alone.
 Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
 mixes decode tokens with prefill chunks (continuous batching). `max_prefill_tokens_per_step` caps
@@ -34,7 +36,7 @@ its TPOT; idle, it prefills at full speed).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -43,6 +45,7 @@ from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.request import Request, RequestStatus
 from raypd.protocol.fair_share import TenantShares
+from raypd.protocol.queued_by_priority import MOST_URGENT, QueuedByPriority, summarize
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,17 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def queued_prompt_tokens(self) -> QueuedByPriority:
+        """Prompt tokens not yet computed, by the priority a new request sees them at
+        (protocol/queued_by_priority.py): a waiting request's at its own; a running one's (a prompt
+        prefilled in chunks) at MOST_URGENT under fcfs and lpm, whose steps serve running prompts
+        before admitting anyone, and at its own under srpt, whose steps order both by priority first.
+        A waiting request's cached prefix counts until it is scheduled (it is not looked up here)."""
+        by_own = self.config.schedule_policy == "srpt"
+        return summarize([*((r.params.priority, _uncomputed_prompt(r)) for r in self.waiting),
+                          *((r.params.priority if by_own else MOST_URGENT, _uncomputed_prompt(r))
+                            for r in self.running)])
 
     def abort(self, req: Request) -> None:
         if req.status.is_finished:
@@ -237,20 +251,21 @@ class Scheduler:
                 break
         return budget
 
-    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, float, float]]:
-        """Each prompt's priority, its tenant's counter, then its uncomputed tokens (a waiting one's cached prefix counted
+    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, float, int, float]]:
+        """Each prompt's priority, its tenant's counter and requests waiting, then its uncomputed tokens (a waiting one's cached prefix counted
         as computed, when the queue is short enough to look it up) less its aging credit."""
         cfg = self.config
         now, bs = time.monotonic(), cfg.block_size
         look_up = cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
         self._lift_new_tenants()
-        counter = self.shares.counter
+        counter, in_line = self.shares.counter, self._waiting_per_tenant()
         keys = {}
         for r in [*prefills, *self.waiting]:
             todo = r.num_tokens - r.num_computed_tokens
             if look_up and r.status == RequestStatus.WAITING and r.prefix_node is None:
                 todo -= self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks * bs
-            keys[r] = (r.params.priority, counter(r.params.tenant), todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
+            keys[r] = (r.params.priority, counter(r.params.tenant), in_line[r.params.tenant],
+                       todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
         return keys
 
     def update(self, batch: ScheduledBatch) -> None:
@@ -318,8 +333,9 @@ class Scheduler:
         return budget - n
 
     def _sort_waiting(self) -> None:
-        """Priority first, then the tenant's counter, then lpm's longest cached prefix; a stable sort
-        keeps arrival order (and a preempted or retracted request first) among equals."""
+        """Priority first, then the tenant's counter and its requests waiting, then lpm's longest
+        cached prefix; a stable sort keeps arrival order (and a preempted or retracted request first)
+        among equals."""
         cfg = self.config
         if not self.waiting:  # nothing to order (and no tenant to lift: none came)
             return
@@ -331,9 +347,12 @@ class Scheduler:
         bs = cfg.block_size
         match = {id(r): self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks
                  for r in self.waiting} if lpm else {}
-        counter = self.shares.counter
+        counter, in_line = self.shares.counter, self._waiting_per_tenant()
         self.waiting = deque(sorted(self.waiting, key=lambda r: (r.params.priority, counter(r.params.tenant),
-                                                                 -match.get(id(r), 0))))
+                                                                 in_line[r.params.tenant], -match.get(id(r), 0))))
+
+    def _waiting_per_tenant(self) -> Counter[str]:
+        return Counter(r.params.tenant for r in self.waiting)
 
     def _lift_new_tenants(self) -> None:
         """Tenants with requests here (waiting or running) that had none at the last sort are lifted
@@ -459,3 +478,7 @@ class Scheduler:
         req.prefix_node = None
         req.block_table = []
         req.num_computed_tokens = 0
+
+
+def _uncomputed_prompt(req: Request) -> int:
+    return req.num_prompt_tokens - min(req.num_computed_tokens, req.num_prompt_tokens)

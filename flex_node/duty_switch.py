@@ -75,7 +75,8 @@ class DutySwitch:
 
     def load(self) -> DutyLoad:
         both = self.prefill.load() + self.decode.load()
-        return DutyLoad(both.waiting, both.queued_tokens, both.inflight, self.duty.value, self.duty_order)
+        return DutyLoad(both.waiting, both.queued_tokens, both.inflight, self.duty.value, self.duty_order,
+                        both.queued_by_priority)
 
     def role_stats(self) -> dict[str, Any]:
         """Each duty's stats under its name; at the top, the totals NodeMetrics counts (completed and

@@ -52,6 +52,7 @@ class EngineLoop:
         self.step_time_s = 0.0
         self.tokens_per_s = 0.0
         self.num_steps = 0
+        self.step_s_total = 0.0  # every step's wall time, summed
         self._turn_began: float | None = None  # monotonic; None while the thread waits for work
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
@@ -134,6 +135,7 @@ class EngineLoop:
         dt = time.perf_counter() - t0
         tokens = self.engine.last_step_tokens
         self.num_steps += 1
+        self.step_s_total += dt
         a = 0.2
         self.step_time_s = dt if self.num_steps == 1 else (1 - a) * self.step_time_s + a * dt
         if tokens and dt > 0:

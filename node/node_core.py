@@ -41,6 +41,7 @@ from raypd.node.node_metrics import NodeMetrics
 from raypd.node.streams import Reply, TokenStreams
 from raypd.protocol.kv_events import KVEvent
 from raypd.protocol.messages import KVEventBatch, LoadReport, NodeRequest, StreamEnd, TokenChunk
+from raypd.protocol.queued_by_priority import placed, summarize
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
@@ -220,9 +221,12 @@ class NodeCore:
         load = self.engine.load()
         return LoadReport(
             node_name=self.name, role=self.role, queued_prefill_tokens=load.queued_prefill_tokens + held.queued_tokens,
+            queued_prefill_by_priority=summarize([*load.queued_by_priority,
+                                                  *placed(held.queued_by_priority, held.queued_tokens)]),
             waiting=load.waiting + held.waiting, running=load.running, free_blocks=load.free_blocks,
             total_blocks=load.total_blocks, cached_blocks=load.cached_blocks, inflight=held.inflight,
-            step_time_s=self.loop.step_time_s, prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
+            step_time_s=self.loop.step_time_s, steps=self.loop.num_steps, step_s_total=self.loop.step_s_total,
+            prefill_tokens_per_s=self.loop.tokens_per_s, timestamp=time.time(),
             duty=held.duty, duty_order=held.duty_order, kv_bytes_per_token=load.kv_bytes_per_token,
             tier_load_bytes_per_s=dict(load.tier_load_bytes_per_s))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from raypd.engine.outputs import StepOutput
+from raypd.protocol.queued_by_priority import QueuedByPriority, summarize
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +29,13 @@ class DutyLoad:
     inflight: int = 0         # KV handoffs under way
     duty: str = ""            # a flex node's duty state (protocol/duty.py); "" for a fixed role
     duty_order: float = 0.0   # the Conductor's stamp of the duty order the node last took
+    queued_by_priority: QueuedByPriority = ()   # queued_tokens by priority (protocol/queued_by_priority.py)
 
     def __add__(self, other: DutyLoad) -> DutyLoad:
         """Two duties' holdings together (a flex node's); the duty fields are set by the caller."""
         return DutyLoad(self.waiting + other.waiting, self.queued_tokens + other.queued_tokens,
-                        self.inflight + other.inflight)
+                        self.inflight + other.inflight,
+                        queued_by_priority=summarize([*self.queued_by_priority, *other.queued_by_priority]))
 
 
 class NodeDuty(Protocol):

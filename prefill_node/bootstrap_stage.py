@@ -22,6 +22,7 @@ from __future__ import annotations
 from raypd.kvtransfer import KVSender, TransferState
 from raypd.node.aux_slots import AuxSlots
 from raypd.prefill_node.prefill_request import PrefillPhase, PrefillRequest
+from raypd.protocol.queued_by_priority import QueuedByPriority, summarize
 
 S = TransferState
 
@@ -43,6 +44,11 @@ class BootstrapStage:
     def num_prompt_tokens(self) -> int:
         """Prompt tokens waiting here (aborting requests left out): queued work the engine cannot see."""
         return sum(len(pr.req.prompt_token_ids) for pr in self._requests.values() if not pr.aborting)
+
+    def prompt_tokens_by_priority(self) -> QueuedByPriority:
+        """num_prompt_tokens by each request's priority: the engine's queue orders them so once they enter it."""
+        return summarize((pr.req.params.priority, len(pr.req.prompt_token_ids))
+                         for pr in self._requests.values() if not pr.aborting)
 
     def add(self, pr: PrefillRequest) -> None:
         """Open the request's room; raises RoomError (nothing held) if the room id is in use here."""

@@ -181,8 +181,9 @@ class PrefillDuty:
     # -- load and introspection ---------------------------------------------------------------------------
     def load(self) -> DutyLoad:
         b = self.bootstrap
-        return DutyLoad(waiting=len(b) - b.num_aborting, queued_tokens=b.num_prompt_tokens,
-                        inflight=len(self.inflight) - self.inflight.num_aborting)
+        by_priority = b.prompt_tokens_by_priority()
+        return DutyLoad(waiting=len(b) - b.num_aborting, queued_tokens=sum(t for _, t in by_priority),
+                        inflight=len(self.inflight) - self.inflight.num_aborting, queued_by_priority=by_priority)
 
     def role_stats(self) -> dict[str, Any]:
         b, w, f = self.bootstrap, self.waiting, self.inflight

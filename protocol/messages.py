@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from raypd.protocol.kv_events import KVEvent
+from raypd.protocol.queued_by_priority import QueuedByPriority, tokens_behind
 from raypd.protocol.sampling_params import SamplingParams
 
 
@@ -144,6 +145,8 @@ class LoadReport:
     cached_blocks: int
     inflight: int = 0              # prefill: KV being written; decode: waiting for KV
     step_time_s: float = 0.0       # moving average of one engine step's wall time
+    steps: int = 0                 # engine steps run since the node started, and ...
+    step_s_total: float = 0.0      # ... their summed wall time: two reports give a window's mean step
     prefill_tokens_per_s: float = 0.0  # measured prefill speed (moving average), for TTFT estimates
     timestamp: float = 0.0
     duty: str = ""                 # a flex node's Duty (protocol/duty.py); "" for a node with a fixed role
@@ -153,6 +156,14 @@ class LoadReport:
     # KVTier value -> measured bytes/s of loading blocks from that tier into the pool (0: not measured
     # yet); a tier the node does not have is absent
     tier_load_bytes_per_s: dict[int, float] = field(default_factory=dict)
+    # queued_prefill_tokens by the priority a new request sees them at (protocol/queued_by_priority.py):
+    # it waits behind those at its priority or more urgent. (): not known, every request waits behind
+    # all of them (a node from before priorities).
+    queued_prefill_by_priority: QueuedByPriority = ()
+
+    def queued_prefill_ahead_of(self, priority: int) -> int:
+        """The queued prompt tokens a new request at `priority` waits behind here."""
+        return max(0, self.queued_prefill_tokens - tokens_behind(self.queued_prefill_by_priority, priority))
 
 
 @dataclass(frozen=True, slots=True)

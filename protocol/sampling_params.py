@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from raypd.protocol.errors import InvalidRequestError
 
 PRIORITY_BOUND = 2**31 - 1
+DEFAULT_PRIORITY = 0   # a request that names no priority; lower is more urgent
 TENANT_MAX_LEN = 64
 
 
@@ -27,7 +28,7 @@ class SamplingParams:
     num_replayed_tokens: int = 0
     # Scheduling, not sampling: a lower number is more urgent (vLLM's convention), 0 by default. It
     # travels here because these params go with the request to every node that serves it.
-    priority: int = 0
+    priority: int = DEFAULT_PRIORITY
     # Scheduling too: whose request this is (the ingress's caller, cluster/openai/api_keys.py). Each
     # node shares its waiting queue among tenants by tokens computed (protocol/fair_share.py).
     tenant: str = ""
@@ -49,10 +50,7 @@ class SamplingParams:
                 or self.num_replayed_tokens < 0):
             raise InvalidRequestError(f"num_replayed_tokens must be an integer >= 0, got {self.num_replayed_tokens!r}",
                                       "num_replayed_tokens")
-        if (not isinstance(self.priority, int) or isinstance(self.priority, bool)
-                or not -PRIORITY_BOUND <= self.priority <= PRIORITY_BOUND):
-            raise InvalidRequestError(f"priority must be an integer in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}], "
-                                      f"got {self.priority!r}", "priority")
+        check_priority(self.priority)
         if not isinstance(self.tenant, str) or len(self.tenant) > TENANT_MAX_LEN:
             raise InvalidRequestError(f"tenant must be a string of at most {TENANT_MAX_LEN} characters", "tenant")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -67,6 +65,15 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def check_priority(priority: object) -> int:
+    """`priority` if it is one (an integer within +-PRIORITY_BOUND), else InvalidRequestError: the
+    one check for the params and for the Conductor's route, which is given the priority on its own."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -PRIORITY_BOUND <= priority <= PRIORITY_BOUND:
+        raise InvalidRequestError(f"priority must be an integer in [-{PRIORITY_BOUND}, {PRIORITY_BOUND}], "
+                                  f"got {priority!r}", "priority")
+    return priority
 
 
 def _check_range(name: str, value: float, low: float, high: float, low_open: bool = False) -> None:

@@ -62,9 +62,11 @@ def request_body(req: Request, model: str, extra: dict) -> dict:
 
 
 async def send(http: aiohttp.ClientSession, base_url: str, req: Request, model: str, extra: dict,
-               timeout_s: float, t0: float, headers: dict | None = None) -> Result:
+               timeout_s: float, t0: float, headers: dict | None = None, into: Result | None = None) -> Result:
+    """into: the Result to fill, so that a caller that cancels the call keeps what it measured (a TTFT)."""
     url = base_url.rstrip("/") + ("/chat/completions" if req.chat else "/completions")
-    res = Result(max_tokens=req.max_tokens)
+    res = into if into is not None else Result()
+    res.max_tokens = req.max_tokens
     sent = time.perf_counter()
     res.start_s = sent - t0
     try:

@@ -8,6 +8,9 @@
     raypd bench soak --duration 600 --load 0.8 --json out.json --plot out.png
                                             steady load below capacity; every server process's RSS,
                                             fds and threads, blocks held after the drain
+    raypd bench tenants --phase-duration 60 --json out.json
+                                            an interactive tenant alone and beside another's flood at 4x
+                                            capacity, with tenant fairness on and off, and with priorities
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
     raypd bench engine --json out.json      single-engine throughput vs transformers (and llama.cpp's
@@ -33,12 +36,12 @@ BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmark
               "serve": "raypd.benchmarks.serve.main", "chaos": "raypd.benchmarks.chaos.main",
               "conductor-failover": "raypd.benchmarks.conductor_failover", "soak": "raypd.benchmarks.soak.main",
               "hostile": "raypd.benchmarks.ingress_hostile", "gpu-smoke": "raypd.benchmarks.gpu_smoke",
-              "parity": "raypd.benchmarks.family_parity"}
+              "parity": "raypd.benchmarks.family_parity", "tenants": "raypd.benchmarks.tenants.main"}
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, pd, transfer, engine, routing, conductor, "
-                                     "streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, tenants, pd, transfer, engine, routing, "
+                                     "conductor, streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")
     p.set_defaults(run=run_bench)

@@ -59,7 +59,7 @@ def generate_on_cluster(args, prompts: list, params: SamplingParams) -> list[Com
 async def _run_all(driver: RequestDriver, router: Router, encoded: list[list[int]], params: SamplingParams):
     async def one(i: int, ids: list[int]):
         rid = f"req-{i}"
-        route = await router.route(rid, ids)
+        route = await router.route(rid, ids, priority=params.priority)
         tokens: list[int] = []
         async for chunk in driver.generate(rid, ids, params, route.prefill, route.decode):
             tokens.extend(chunk.token_ids)

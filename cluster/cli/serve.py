@@ -72,6 +72,10 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--api-keys-file", default=None, metavar="PATH",
                    help="accept these keys, each with its tenant and default priority (YAML: keys: [{key, tenant, "
                         "priority}]); with --api-key, both are accepted")
+    p.add_argument("--no-tenant-fairness", dest="tenant_fairness", action="store_false",
+                   help="tenants do not share the ingress's line and the nodes' waiting queues by tokens served: "
+                        "every request counts as one tenant's, so both order by priority, then arrival (for "
+                        "comparing against fairness, on by default; raypd bench tenants)")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting a local one")
     p.add_argument("--ingress-replicas", type=int, default=1)
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
@@ -122,7 +126,7 @@ def config_from_args(args):
         mixed_nodes=args.mixed_nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
         place_by_role=args.place_by_role, engine_options=engine_options(args), transfer_options=transfer_options(args), policy=args.policy,
         topology=args.topology, api_key=args.api_key or os.environ.get("RAYPD_API_KEY") or None,
-        api_keys_file=args.api_keys_file,
+        api_keys_file=args.api_keys_file, tenant_fairness=args.tenant_fairness,
         max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
         request_timeout_s=args.request_timeout,
         ingress_replicas=args.ingress_replicas, max_node_restarts=args.max_node_restarts,
@@ -227,7 +231,8 @@ class Server:
         ongoing, queued = self.config.admission_limits(cluster_gpus())
         slo = f"TTFT <= {self.config.ttft_slo_s:g} s" if self.config.ttft_slo_s else "off"
         log.info("back-pressure (429 beyond): %d requests in progress + %d queued per ingress replica; "
-                 "SLO admission %s", ongoing, queued, slo)
+                 "SLO admission %s; tenant fairness %s", ongoing, queued, slo,
+                 "on" if self.config.tenant_fairness else "off")
         log.info("OpenAI endpoint: http://%s:%d/v1  (model %r%s)", _url_host(self.args.host), self.args.port,
                  self.config.model_name(), ", API key required" if self.config.api_key or self.config.api_keys_file
                  else "")

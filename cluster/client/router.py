@@ -5,7 +5,8 @@ Router, chosen by make_router.py: conductor_router.py's ConductorRouter when a C
 falls back to local_router.py's LocalRouter while the Conductor is away), else RoundRobinRouter
 (here). Routers choose among the live nodes of a NodeSet (node_set.py), minus `exclude`: the nodes
 the caller will not use for this request (a retry's failed node, nodes its circuit breaker holds
-out). A router may raise:
+out). The request's priority (SamplingParams.priority) comes with it: a router that estimates queues
+counts only the work a node serves before it. A router may raise:
   - conductor.errors.AdmissionRejected: the SLO admission said no    -> HTTP 429 (route() only; reroute()
     lets a retry or replay of an admitted request through)
   - NoNodeError / conductor.errors.NoCandidateError: nothing can serve -> HTTP 503
@@ -21,6 +22,7 @@ from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.node_set import NodeSet
 from raypd.conductor.policies.round_robin import Rotation
 from raypd.protocol.roles import Role
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY
 
 
 class NoNodeError(RuntimeError):
@@ -59,15 +61,15 @@ class Router(ABC):
 
     @abstractmethod
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
-                    exclude: frozenset[str] = frozenset()) -> Route:
-        """The nodes for this request, none of them named in `exclude`."""
+                    exclude: frozenset[str] = frozenset(), priority: int = DEFAULT_PRIORITY) -> Route:
+        """The nodes for this request, none of them named in `exclude`; `priority`: the request's."""
 
     async def reroute(self, request_id: str, prompt_token_ids: Sequence[int],
-                      exclude: frozenset[str] = frozenset()) -> Route:
+                      exclude: frozenset[str] = frozenset(), priority: int = DEFAULT_PRIORITY) -> Route:
         """route() for a request already admitted: a retry or a replay of one under way. A router
         with admission control lets it through (turning it away now would break a stream it
         accepted); the others route it as any request."""
-        return await self.route(request_id, prompt_token_ids, exclude)
+        return await self.route(request_id, prompt_token_ids, exclude, priority=priority)
 
     async def delivered(self, request_id: str, num_cached_tokens: int) -> None:
         """The request's prefill ran and served num_cached_tokens from cache (routers that predict it
@@ -76,14 +78,15 @@ class Router(ABC):
 
 
 class RoundRobinRouter(Router):
-    """Without a Conductor: each role's nodes in turn (route_without_conductor says which roles)."""
+    """Without a Conductor: each role's nodes in turn (route_without_conductor says which roles);
+    it weighs no queue, so a request's priority changes nothing here."""
 
     def __init__(self, nodes: NodeSet | Sequence[NodeHandle]):
         self.nodes = NodeSet.of(nodes)
         self._turns = {role: Rotation() for role in Role}
 
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
-                    exclude: frozenset[str] = frozenset()) -> Route:
+                    exclude: frozenset[str] = frozenset(), priority: int = DEFAULT_PRIORITY) -> Route:
         live = {role: [n for n in self.nodes.live(role) if n.name not in exclude] for role in Role}
         return route_without_conductor(live, lambda role: self._next(live, role))
 

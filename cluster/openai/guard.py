@@ -3,6 +3,12 @@ size limit (413) and the body's upload time (408), decided before any byte of th
 the request's deadline, stamped at arrival into the scope's state (`deadline_of`), and its caller,
 the tenant and default priority its key names (api_keys.py; `caller_of`).
 
+The caller's tenant is the one place fairness learns who a request is for: the ingress's line
+(admission.py) and, through SamplingParams.tenant, each node's waiting queue. With tenant fairness
+off (`raypd serve --no-tenant-fairness`) every caller is stamped with SHARED_TENANT instead, so both
+order by priority, then arrival, as they would for one tenant (the header is still checked: a bad one
+is a 400 either way, and the key's priority and weight are kept).
+
 A declared Content-Length over the limit is refused without reading; a chunked body is read up to
 the limit and refused as soon as it passes it. The accepted body is buffered and replayed to the
 app, whose later receive() calls (disconnect detection while streaming) reach the real channel.
@@ -31,6 +37,7 @@ TENANT_HEADER = b"x-raypd-tenant"  # a gateway's name for the end user: the requ
 TENANT_NAME = re.compile(rb"[A-Za-z0-9._:@-]{1,64}")
 DEADLINE_KEY = "raypd_deadline"  # the request's deadline (event-loop time) in the ASGI scope's state
 CALLER_KEY = "raypd_caller"      # the request's Caller (its key's tenant and default priority), likewise
+SHARED_TENANT = "shared"         # every caller's tenant with tenant fairness off
 
 
 def deadline_of(state: Any) -> float | None:
@@ -50,9 +57,11 @@ def caller_in(scope: dict) -> Caller:
 
 class GuardMiddleware:
     def __init__(self, app, api_key: KeyRing | str | None, max_body_bytes: int, request_timeout_s: float | None = None,
-                 body_timeout_s: float = BODY_TIMEOUT_S):
-        """api_key: the keys accepted (a KeyRing, or one key as a string); None: no key needed."""
+                 body_timeout_s: float = BODY_TIMEOUT_S, tenant_fairness: bool = True):
+        """api_key: the keys accepted (a KeyRing, or one key as a string); None: no key needed.
+        tenant_fairness False: every caller's tenant is SHARED_TENANT."""
         self.app = app
+        self.tenant_fairness = tenant_fairness
         self.keys = KeyRing.single(api_key) if isinstance(api_key, str) else api_key
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
@@ -74,6 +83,8 @@ class GuardMiddleware:
                 if not TENANT_NAME.fullmatch(tenant):
                     raise BadRequest("x-raypd-tenant must be 1-64 letters, digits or ._:@-", code="invalid_header")
                 state[CALLER_KEY] = dataclasses.replace(state[CALLER_KEY], tenant=tenant.decode())
+            if not self.tenant_fairness:
+                state[CALLER_KEY] = dataclasses.replace(state[CALLER_KEY], tenant=SHARED_TENANT)
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 return await self.app(scope, receive, send)
             body_deadline = min(arrival + self.body_timeout_s, deadline or float("inf"))

@@ -27,7 +27,7 @@ from raypd.cluster.serve.service import OpenAIService
 
 def build_app(service: OpenAIService, api_key: KeyRing | str | None, max_body_bytes: int, replica: str = "",
               metrics: IngressMetrics | None = None, gate: AdmissionGate | None = None,
-              request_timeout_s: float | None = None) -> FastAPI:
+              request_timeout_s: float | None = None, tenant_fairness: bool = True) -> FastAPI:
     app = FastAPI(title="raypd", description="OpenAI-compatible endpoint of a raypd cluster")
 
     @app.post("/v1/chat/completions")
@@ -82,7 +82,7 @@ def build_app(service: OpenAIService, api_key: KeyRing | str | None, max_body_by
     if gate is not None:  # inside the guard: a refused key or body takes no slot
         app.add_middleware(AdmissionMiddleware, gate=gate)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes,
-                       request_timeout_s=request_timeout_s)
+                       request_timeout_s=request_timeout_s, tenant_fairness=tenant_fairness)
     if replica:
         app.add_middleware(ReplicaTag, replica=replica)
     # Added last, so outermost: it also counts the requests the guard refuses (401, 413).

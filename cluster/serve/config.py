@@ -39,6 +39,10 @@ class ServeConfig:
     # Several keys, each with its tenant and default priority (cluster/openai/api_keys.py); with
     # api_key too, both are accepted. A path on every host that runs an ingress replica.
     api_keys_file: str | None = None
+    # Tenants share the ingress's line and each node's waiting queue by tokens served
+    # (protocol/fair_share.py). False: every request counts as one tenant's (cluster/openai/guard.py),
+    # so both order by priority, then arrival; for comparing runs with and without fairness.
+    tenant_fairness: bool = True
     max_body_bytes: int = 4 << 20
     default_max_tokens: int | None = None  # output cap when a request sets none (None: rest of the context)
     ingress_replicas: int = 1
@@ -114,6 +118,8 @@ class ServeConfig:
             check_gpus_per_node(self.gpus_per_node)
         except GpuBudgetError as e:
             raise ServeConfigError(str(e)) from None
+        if not isinstance(self.tenant_fairness, bool):
+            raise ServeConfigError("tenant_fairness must be true or false")
         if self.ingress_replicas < 1:
             raise ServeConfigError("ingress_replicas must be >= 1")
         if self.max_body_bytes < 1024:

@@ -50,6 +50,7 @@ from raypd.cluster.openai.response_schema import FinishReason
 from raypd.cluster.openai.stop import StopMatcher
 from raypd.protocol.errors import OverloadedError
 from raypd.protocol.messages import OVERLOADED, TokenChunk
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +99,13 @@ class Generator:
         return events if deadline is None else events_until(deadline, events)
 
     async def _route(self, request_id: str, prompt_ids: list[int], failed: FailedNodes,
-                     admitted: bool = False) -> Route:
+                     admitted: bool = False, priority: int = DEFAULT_PRIORITY) -> Route:
         """Route around this request's failed nodes and the breaker's open ones. Fail-open, in this
         order: without the breaker's exclusions, then without the failed nodes that failed open; and
         while nothing can serve but a node that decodes may come back (restarting, unresponsive, or
         failed and not yet failed open), wait for it up to recovery_wait_s. `admitted`: a retry or
-        replay of a request under way, which admission control does not turn away."""
+        replay of a request under way, which admission control does not turn away. `priority`: the
+        request's, for the router's queue estimates (the Conductor's SLO admission among them)."""
         route = self.router.reroute if admitted else self.router.route
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.recovery_wait_s
@@ -113,7 +115,7 @@ class Generator:
             tries = list(dict.fromkeys([exclusions[0] | self.breaker.excluded(), *exclusions]))
             for exclude in tries:
                 try:
-                    found = await route(request_id, prompt_ids, exclude)
+                    found = await route(request_id, prompt_ids, exclude, priority=priority)
                 except NoNodeError as e:
                     no_node = e
                     continue
@@ -146,7 +148,7 @@ class Generator:
         while True:
             attempt_id = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
             attempt += 1
-            route = await self._route(attempt_id, prompt_ids + generated, failed_nodes, attempt > 1)
+            route = await self._route(attempt_id, prompt_ids + generated, failed_nodes, attempt > 1, params.priority)
             attempt_params = params if not generated else replace(
                 params, max_tokens=params.max_tokens - len(generated), num_replayed_tokens=len(generated))
             failure: TokenChunk | None = None

@@ -70,7 +70,8 @@ class OpenAIIngress:
 
     def __serve_build_asgi_app__(self):
         return build_app(self.service, self.config.key_ring(), self.config.max_body_bytes, self.replica,
-                         gate=self.gate, request_timeout_s=self.config.request_timeout_s, metrics=self.metrics)
+                         gate=self.gate, request_timeout_s=self.config.request_timeout_s, metrics=self.metrics,
+                         tenant_fairness=self.config.tenant_fairness)
 
     def __del__(self):
         node_set = getattr(self, "node_set", None)

@@ -22,6 +22,7 @@ from raypd.conductor.lower_tiers import LOWER_TIERS, NUM_TIERS
 from raypd.conductor.prefix_index import PrefixMatch
 from raypd.conductor.topology import Topology
 from raypd.protocol.kv_events import KVTier
+from raypd.protocol.sampling_params import DEFAULT_PRIORITY
 
 DECODE_SHOWN = 4   # decode candidates recorded in a decision
 
@@ -44,6 +45,9 @@ class RoutingView:
     # Slots the caller will not use for this request (a retry's failed node, a node held out by
     # the caller's circuit breaker): no policy sees them as candidates.
     excluded: np.ndarray | None = None
+    # The request's priority (lower is more urgent): a node serves its queued work at this priority
+    # or a more urgent one before it, and the rest after it, so only the former is its queue.
+    priority: int = DEFAULT_PRIORITY
 
     @property
     def fetchable(self) -> PrefixMatch:
@@ -84,11 +88,15 @@ class RoutingView:
             seconds += below[tier] * kvb / np.where(rate > 0, rate, cfg.default_load_bytes_per_s(tier))
         return below, seconds
 
+    def queued_ahead(self, slots: np.ndarray) -> np.ndarray:
+        """Prompt tokens queued at each slot (reported + routed since) that this request waits
+        behind: those at its priority or a more urgent one (LoadTable.prefill_queue_ahead)."""
+        return self.table.prefill_queue_ahead(slots, self.priority)
+
     def queue_s(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(queued tokens, speed, seconds of queue) per prefill slot."""
-        t = self.table
-        speed = self.prefill_model.speeds(t.speed[slots])
-        queued = t.prefill_queue_tokens(slots)
+        """(queued tokens ahead of this request, speed, seconds of queue) per prefill slot."""
+        speed = self.prefill_model.speeds(self.table.speed[slots])
+        queued = self.queued_ahead(slots)
         return queued, speed, queued / speed
 
     def send_s(self, src_slot: int, dst_slots: np.ndarray, num_tokens: float | np.ndarray) -> np.ndarray:
@@ -181,10 +189,12 @@ class BranchA:
         """Candidate i (in slot `slot`) as its CandidateEstimate, paired with `decode_node`; `hit`:
         the prefix it will hold when another branch (a fetch) brings more than its own KV."""
         hit = int(self.hit[i]) if hit is None else hit
+        total = float(view.table.queued[slot] + view.table.pending_tokens[slot])   # prefill_queue_tokens, one slot
         c = CandidateEstimate(
             view.names[slot], int(self.cached[i]), float(self.queued[i]), float(self.queue_s[i]),
             float(view.prefill_model.estimate(view.num_tokens - hit, hit, float(self.speed[i]))),
-            send_s=send_s, ttft_s=ttft_s, decode_node=decode_node)
+            send_s=send_s, ttft_s=ttft_s, decode_node=decode_node,
+            queued_behind_tokens=max(0.0, total - float(self.queued[i])))
         if self.tier_tokens[i]:
             c.tier_tokens, c.tier_load_s = int(self.tier_tokens[i]), float(self.tier_load_s[i])
             c.tier_used = bool(self.use_tier[i])

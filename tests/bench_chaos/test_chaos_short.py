@@ -6,11 +6,10 @@ faults, not the real model's tokens. Correctness only: no timing is asserted.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 
 import pytest
+
+from tests.bench_process import run_bench
 
 pytestmark = pytest.mark.cluster  # starts `raypd serve` (Ray, Serve, node actors)
 
@@ -19,22 +18,13 @@ def test_short_chaos_run_loses_nothing(tmp_path, tiny_model_dir):
     out = tmp_path / "chaos.json"
     # As a user runs it: in a process of its own (it joins the server's Ray as a driver, which a test
     # process that already started Ray clusters of its own cannot do cleanly).
-    cmd = [sys.executable, "-m", "raypd", "bench", "chaos", "--duration", "20", "--prefill-nodes", "1",
-           "--decode-nodes", "2", "--kill-every", "8", "--targets", "decode,conductor", "--json", str(out),
-           "--log-dir", str(tmp_path / "logs"), "--serve-args", f"--model {tiny_model_dir} --kv-cache-memory 64"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the bench stops its server on Ctrl-C
-        _, stderr = proc.communicate(timeout=180)
-        raise AssertionError(f"raypd bench chaos did not finish within 900 s:\n{stderr[-3000:]}") from None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    args = ["chaos", "--duration", "20", "--prefill-nodes", "1", "--decode-nodes", "2", "--kill-every", "8",
+            "--targets", "decode,conductor", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
+            "--serve-args", f"--model {tiny_model_dir} --kv-cache-memory 64"]
+    code, _, stderr = run_bench(args)
     assert out.exists(), stderr[-3000:]
     report = json.loads(out.read_text())
-    assert proc.returncode == 0, (report["notes"], stderr[-3000:])
+    assert code == 0, (report["notes"], stderr[-3000:])
     assert report["requests"] > 0 and report["availability"] == 1.0, report["failed_by_reason"]
     assert report["greedy_checked"] > 0 and report["greedy_identical"] == report["greedy_checked"], report["mismatches"]
     assert report["seeded_checked"] > 0 and report["seeded_identical"] == report["seeded_checked"], report["mismatches"]

@@ -6,11 +6,10 @@ their thresholds are the benchmark's own verdict (docs/benchmarks.md), not asser
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 
 import pytest
+
+from tests.bench_process import run_bench
 
 pytestmark = pytest.mark.cluster  # starts `raypd serve` (Ray, Serve, node actors)
 
@@ -27,22 +26,13 @@ def test_a_short_soak_fails_nothing_and_holds_nothing_after(tmp_path, tiny_model
     # As a user runs it, in a process of its own (as the chaos bench's test does: a process that already
     # started Ray clusters of its own carries Ray state a bench should not inherit). A short capacity probe
     # and the default warm-up (a fifth of the run) keep the test's wall time low.
-    cmd = [sys.executable, "-m", "raypd", "bench", "soak", "--duration", "20", "--load", "0.8", "--probe-duration",
-           "5", "--idle-settle", "6", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
-           "--serve-args", f"--model {tiny_model_dir} --kv-cache-memory 64"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the bench stops its server on Ctrl-C
-        _, stderr = proc.communicate(timeout=180)
-        raise AssertionError(f"raypd bench soak did not finish within 900 s:\n{stderr[-3000:]}") from None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    args = ["soak", "--duration", "20", "--load", "0.8", "--probe-duration", "5", "--idle-settle", "6",
+            "--json", str(out), "--log-dir", str(tmp_path / "logs"), "--serve-args",
+            f"--model {tiny_model_dir} --kv-cache-memory 64"]
+    code, _, stderr = run_bench(args)
     assert out.exists(), stderr[-3000:]
     report = json.loads(out.read_text())
-    assert proc.returncode == 0, (report["notes"], stderr[-3000:])
+    assert code == 0, (report["notes"], stderr[-3000:])
     assert TOP_LEVEL <= set(report)
     assert report["requests"] > 0 and report["failed"] == 0, (report["failed_by_reason"], report["failure_examples"])
     assert report["ok"] + report["rejected"] == report["requests"]

@@ -44,6 +44,18 @@ def test_a_tenant_served_less_starts_before_a_flood_that_came_first(policy):
     sim.check_drained()
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "srpt"])
+def test_a_tenant_lifted_to_a_floods_level_goes_before_the_floods_queue(policy):
+    """The tie the lift makes goes to the tenant with fewer requests waiting (as at the ingress)."""
+    sim = Sim(num_blocks=64, max_running_requests=1, max_num_batched_tokens=64, schedule_policy=policy)
+    for i in range(4):
+        add(sim, f"flood-{i}", [10 + i, 20 + i, 30 + i, 40 + i], 1, "flood")
+    sim.step()                                       # flood-0 computed and finished: the flood is at 4
+    add(sim, "web-0", [50, 51, 52, 53], 1, "web")    # lifted to 4 as well
+    assert started_order(sim) == ["web-0", "flood-1", "flood-2", "flood-3"]
+    sim.check_drained()
+
+
 def test_priority_comes_before_the_tenants_share_and_one_tenant_keeps_arrival_order():
     sim = Sim(num_blocks=64, max_running_requests=1, max_num_batched_tokens=64)
     add(sim, "a-0", [1, 2, 3], 1, "a")

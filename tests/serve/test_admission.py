@@ -94,8 +94,10 @@ def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on():
 
 
 # -- the gate in the app ---------------------------------------------------------------------------------
-async def post(app, raw: bytes, path: str = "/v1/completions", key: str | None = None) -> tuple[int, dict, bytes]:
-    """One POST through the ASGI interface, with `key` as its bearer key: (status, headers, body)."""
+async def post(app, raw: bytes, path: str = "/v1/completions", key: str | None = None,
+               headers: tuple[tuple[bytes, bytes], ...] = ()) -> tuple[int, dict, bytes]:
+    """One POST through the ASGI interface, with `key` as its bearer key and `headers` besides:
+    (status, headers, body)."""
     sent: list[dict] = []
     done = False
 
@@ -111,7 +113,7 @@ async def post(app, raw: bytes, path: str = "/v1/completions", key: str | None =
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")]
+             "headers": [(b"content-type", b"application/json"), *headers]
              + ([(b"authorization", f"Bearer {key}".encode())] if key else []),
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
     await asyncio.wait_for(app(scope, receive, send), 30)

@@ -38,7 +38,7 @@ class RecordingRouter(Router):
     def __init__(self):
         self.excluded: list[frozenset[str]] = []
 
-    async def route(self, request_id, prompt_token_ids, exclude=frozenset()):
+    async def route(self, request_id, prompt_token_ids, exclude=frozenset(), priority=0):
         self.excluded.append(exclude)
         return Route(MIXED_NODE)
 
@@ -124,7 +124,7 @@ class OnlyDecode0(Router):
     def __init__(self):
         self.excluded: list[frozenset[str]] = []
 
-    async def route(self, request_id, prompt_token_ids, exclude=frozenset()):
+    async def route(self, request_id, prompt_token_ids, exclude=frozenset(), priority=0):
         self.excluded.append(exclude)
         if "raypd-decode-0" in exclude:
             raise NoNodeError("no live decode node")

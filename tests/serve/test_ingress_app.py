@@ -49,12 +49,12 @@ MIXED_NODE = NodeHandle("raypd-mixed-0", Role.MIXED, None, HostInfo("n0", "127.0
 
 
 class AnyRoute(Router):
-    async def route(self, request_id, prompt_token_ids, exclude=frozenset()):
+    async def route(self, request_id, prompt_token_ids, exclude=frozenset(), priority=0):
         return Route(MIXED_NODE)
 
 
 class RejectingRouter(Router):
-    async def route(self, request_id, prompt_token_ids, exclude=frozenset()):
+    async def route(self, request_id, prompt_token_ids, exclude=frozenset(), priority=0):
         raise AdmissionRejected(request_id, "ttft", 3.0, 1.0)
 
 

@@ -74,7 +74,7 @@ class FakeConductor:
             raise self.error
         return {"instance_id": self.instance}
 
-    def _route(self, request_id, ids, hashes, exclude):
+    def _route(self, request_id, ids, hashes, exclude, priority):
         if self.error is not None:
             raise self.error
 

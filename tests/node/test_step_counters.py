@@ -1,0 +1,43 @@
+"""A node's step counters (node/engine_loop.py, carried by every LoadReport as `steps` and
+`step_s_total`): every engine step counted once with its wall time, so the difference of two reports
+gives a window's mean step exactly (`raypd bench tenants` reads them), not the moving average's
+mix of older steps."""
+from __future__ import annotations
+
+import threading
+import time
+
+from raypd.node.engine_loop import EngineLoop
+
+
+class SleepyEngine:
+    """Steps `left` times, each `step_s` long, then has nothing to do."""
+
+    def __init__(self, left: int, step_s: float):
+        self.left, self.step_s = left, step_s
+        self.last_step_tokens = 1
+        self.done = threading.Event()
+
+    def has_unfinished(self) -> bool:
+        return self.left > 0
+
+    def step(self) -> list:
+        time.sleep(self.step_s)
+        self.left -= 1
+        if not self.left:
+            self.done.set()
+        return []
+
+
+def test_every_step_is_counted_once_with_its_wall_time():
+    engine = SleepyEngine(left=5, step_s=0.02)
+    loop = EngineLoop(engine, tick=lambda: False, on_outputs=lambda outputs: None,  # type: ignore[arg-type]
+                      on_crash=lambda e: None, name="counters")
+    loop.start()
+    try:
+        assert engine.done.wait(10)
+        loop.call(lambda: None).result(10)  # the last step's bookkeeping is done once the next turn runs
+        assert loop.num_steps == 5
+        assert 5 * 0.02 <= loop.step_s_total < 5 * 0.02 + 1.0
+    finally:
+        loop.stop()
