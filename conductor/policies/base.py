@@ -189,7 +189,7 @@ class BranchA:
         """Candidate i (in slot `slot`) as its CandidateEstimate, paired with `decode_node`; `hit`:
         the prefix it will hold when another branch (a fetch) brings more than its own KV."""
         hit = int(self.hit[i]) if hit is None else hit
-        total = float(view.table.queued[slot] + view.table.pending_tokens[slot])   # prefill_queue_tokens, one slot
+        total = float(view.table.prefill_queue_tokens(np.array([slot]))[0])
         c = CandidateEstimate(
             view.names[slot], int(self.cached[i]), float(self.queued[i]), float(self.queue_s[i]),
             float(view.prefill_model.estimate(view.num_tokens - hit, hit, float(self.speed[i]))),
