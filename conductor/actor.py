@@ -104,6 +104,11 @@ class Conductor:
     async def mark_dead(self, name: str, reason: str = "marked dead") -> bool:
         return self.core.mark_dead(name, reason)
 
+    async def retire_node(self, name: str, retiring: bool = True) -> None:
+        """The node pool drains `name` to remove it: route it nothing new (False: call that off).
+        RetireRefused when it is the last node of its kind (ConductorCore.retire_node)."""
+        self.core.retire_node(name, retiring)
+
     # -- caller-facing ------------------------------------------------------------------------
     async def route(self, request_id: str, prompt_token_ids: Sequence[int],
                     block_hashes: dict[int, list[int]] | None = None,

@@ -24,7 +24,13 @@ import numpy as np
 
 from raypd.conductor.config import ConductorConfig
 from raypd.conductor.decision import DecisionLog, RouteDecision
-from raypd.conductor.errors import AdmissionRejected, DutyOrderRefused, NoCandidateError, UnknownNodeError
+from raypd.conductor.errors import (
+    AdmissionRejected,
+    DutyOrderRefused,
+    NoCandidateError,
+    RetireRefused,
+    UnknownNodeError,
+)
 from raypd.conductor.estimates import DecodeStepModel, PrefillTimeModel
 from raypd.conductor.load_table import LoadTable
 from raypd.conductor.lower_tiers import LOWER_TIERS
@@ -128,6 +134,24 @@ class ConductorCore:
             return False
         self._forget(info)
         return True
+
+    def retire_node(self, name: str, retiring: bool = True) -> None:
+        """The node pool drains `name` to remove it (retiring=True): from now on nothing new is routed
+        to it, nor does the duty planner move it, while its requests finish and its load still
+        counts; retiring=False calls the drain off. RetireRefused when it would leave no node to
+        decode (or, without local prefill, none to prefill): the pool keeps it then."""
+        info = self.registry.get_alive(name)
+        if retiring and not info.retiring and (routed := info.routed_as) is not None:
+            def others(slots: np.ndarray) -> int:
+                return len(slots[slots != info.slot])
+            if routed.serves_decode and not others(self.table.decode_slots()):
+                raise RetireRefused(f"{name} is the last node to decode: it cannot be drained away")
+            if routed.serves_prefill and not others(self.table.prefill_slots()) and not self.config.local_prefill.enabled:
+                raise RetireRefused(f"{name} is the last node to prefill: it cannot be drained away")
+        info.retiring = retiring
+        routed = info.routed_as
+        self.table.set_roles(info.slot, prefill=routed is not None and routed.serves_prefill,
+                             decode=routed is not None and routed.serves_decode)
 
     def _forget(self, info: NodeInfo) -> None:
         """A dead node leaves every part at once: index entries, load arrays, its name by slot (a
@@ -386,6 +410,8 @@ class ConductorCore:
         info = self.registry.get_alive(name)
         if info.duty is None:
             raise DutyOrderRefused(f"{name} is a {info.role} node: only flex nodes change duty")
+        if info.retiring:
+            raise DutyOrderRefused(f"{name} is being drained to leave the pool")
         target = Duty.parse(duty).target
         leaving = info.routed_as
         if leaving is not None and leaving is not target.role:
@@ -440,7 +466,7 @@ class ConductorCore:
         sequences[alive] = t.decode_load(alive)
         prompt_side = p if len(p) else d
         flex = tuple(FlexState(info.name, info.duty, float(queued_s[info.slot]), float(sequences[info.slot]))
-                     for info in self.registry.alive() if info.duty is not None)
+                     for info in self.registry.alive() if info.duty is not None and not info.retiring)
         steps = t.step_time[d][(t.step_time[d] > 0) & (t.running[d] > 0)]   # decoding now: a step is a TPOT
         known = d[t.total_blocks[d] > 0]           # reported at least once
         used = 1.0 - t.free_blocks[known] / t.total_blocks[known]
@@ -461,7 +487,7 @@ class ConductorCore:
             r = info.load
             nodes[info.name] = {
                 "role": info.role.value, "duty": info.duty.value if info.duty is not None else None,
-                "alive": info.alive, "death_reason": info.death_reason,
+                "alive": info.alive, "death_reason": info.death_reason, "retiring": info.retiring,
                 "host": info.host.hostname or info.host.node_id, "node_id": info.host.node_id,
                 "queued_prefill_tokens": r.queued_prefill_tokens if r else 0,
                 "queued_prefill_by_priority": [list(level) for level in r.queued_prefill_by_priority] if r else [],

@@ -68,5 +68,10 @@ class DutyOrderRefused(ConductorError, ValueError):
     decode (or, without local prefill, none to prefill)."""
 
 
+class RetireRefused(ConductorError, ValueError):
+    """The node pool asked to drain a node whose leaving would leave no node to decode (or, without
+    local prefill, none to prefill)."""
+
+
 class MigrationError(ConductorError):
     pass

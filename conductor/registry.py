@@ -35,10 +35,16 @@ class NodeInfo:
     death_reason: str = ""
     duty: Duty | None = None        # a flex node's duty (None for a fixed role), as last ordered or reported
     duty_ordered_at: float = 0.0    # the last order's stamp: only reports echoing it overrule the order
+    # The node pool drains it to remove it (cluster/autoscale/): routed nothing new, still alive
+    # (its requests finish, its load still counts) until the pool removes it or calls the drain off.
+    retiring: bool = False
 
     @property
     def routed_as(self) -> Role | None:
-        """The role requests are routed to it as: its own, or its duty's (None while it drains)."""
+        """The role requests are routed to it as: its own, or its duty's (None while it drains, or
+        while it retires)."""
+        if self.retiring:
+            return None
         return self.role if self.duty is None else self.duty.role
 
 

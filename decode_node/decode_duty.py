@@ -6,7 +6,11 @@ knows the same id).
         │                │ prealloc timeout                          │ room FAILED            │ stop / length
         │                v                                           v                        v
         │          final chunk (overloaded)                  final chunk (error)    final chunk (finish_reason)
-        └─ max_waiting_requests already in PreallocStage ─> final chunk (overloaded) at once, nothing held
+        └─ max_waiting_requests already wait for KV memory (PreallocStage, and local prompts the engine left waiting):
+             ├─ it ranks before the one of them that would start last (Scheduler.displaced_by: priority,
+             │  then tenant share; one in PreallocStage or a local one that never started)
+             │     ─> taken; that one leaves its stage ─> final chunk (overloaded), nothing held
+             └─ otherwise ─> final chunk (overloaded) at once, nothing held
     generate(req with local_prefill) ─> RunningStage (the engine prefills it here, in chunks under
         its per-step prompt budget, then decodes) ─> final chunk; no room, no KV transfer
     abort(request_id): PREALLOC / RUNNING ─> final chunk "abort" at once;
@@ -59,9 +63,11 @@ class DecodeDuty:
         self.running = RunningStage(engine, core.streams)
         self.requests: dict[str, DecodeRequest] = {}  # every request on the node, whichever its stage
         # Back-pressure: at most this many wait for KV memory; the next is refused at once (HTTP 429
-        # at the ingress) instead of waiting out the prealloc timeout behind them.
+        # at the ingress) instead of waiting out the prealloc timeout behind them, unless it ranks
+        # before one of them, which it then displaces (_add).
         self.max_waiting = engine.config.waiting_limit
-        self.num_refused = 0
+        self.num_refused = 0     # refusals for capacity, displaced requests included (as at the ingress)
+        self.num_displaced = 0
         self.num_local = 0   # requests prefilled here (local_prefill), since the start
 
     # -- from the actor's event loop --------------------------------------------------------------------
@@ -91,12 +97,15 @@ class DecodeDuty:
             self.core.streams.push(TokenChunk(rid, (), finished=True, error=str(e)))
             return
         # Local prompts the last step left waiting wait for memory as much as prealloc's do.
+        displaced = None
         if (blocked := self.prealloc.num_blocked + self.core.engine.num_backlogged()) >= self.max_waiting:
-            self.num_refused += 1
-            self.core.streams.push(TokenChunk(
-                rid, (), True, OVERLOADED, f"decode node {self.name} is full: {blocked} requests already "
-                                           f"wait for KV memory (max_waiting_requests)"))
-            return
+            displaced = self.core.engine.displaced_by(req.params, self.running, self.prealloc.queued())
+            if displaced is None:
+                self.num_refused += 1
+                self.core.streams.push(TokenChunk(
+                    rid, (), True, OVERLOADED, f"decode node {self.name} is full: {blocked} requests already "
+                                               f"wait for KV memory (max_waiting_requests)"))
+                return
         dr = DecodeRequest(req, t={"arrived": time.time()})
         if req.local_prefill:
             self.running.add_local(dr)  # validated above: the engine takes it
@@ -104,6 +113,20 @@ class DecodeDuty:
         else:
             self.prealloc.add(dr)
         self.requests[rid] = dr
+        if displaced is not None:
+            self._displace(self.requests[displaced], rid)
+
+    def _displace(self, dr: DecodeRequest, by: str) -> None:
+        """End a request waiting for KV memory that never started (it holds nothing) as refused for
+        capacity: `by` took its place. A PD request's prefill side is aborted by its caller, as after
+        any refusal here."""
+        self.num_refused += 1
+        self.num_displaced += 1
+        (self.prealloc if dr.phase == P.PREALLOC else self.running).remove(dr)
+        dr.overloaded = True
+        dr.error = (f"decode node {self.name} is full: request {by!r} ranks before this one among those waiting "
+                    f"for KV memory (priority, then tenant share) and took its place (max_waiting_requests)")
+        self._end(dr)
 
     def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
         dr = self.requests.get(request_id)
@@ -166,7 +189,8 @@ class DecodeDuty:
         t = self.transfer
         queues = {"prealloc": len(self.prealloc), "transfer": len(t) - t.num_aborting, "running": len(self.running),
                   "aborting": t.num_aborting}
-        return {"queues": queues, "refused": self.num_refused, "local_prefills": self.num_local,
+        return {"queues": queues, "refused": self.num_refused, "displaced": self.num_displaced,
+                "local_prefills": self.num_local,
                 "transfer": asdict(self.receiver.stats())}
 
     def still_held(self) -> dict[str, int]:

@@ -36,7 +36,8 @@ class DecodeRequest:
     num_cached_tokens: int = 0            # prompt tokens the prefill node (local: this node) served from its cache
     local: bool = False                   # prefilled on this node (NodeRequest.local_prefill): no room, no KV transfer
     aborting: bool = False                # abort() asked: it ends with finish_reason "abort"
-    overloaded: bool = False              # waited its bound for KV memory: ends with finish_reason OVERLOADED
+    overloaded: bool = False              # waited its bound for KV memory, or displaced by a newcomer before
+                                          # it started: ends with finish_reason OVERLOADED
     error: str | None = None              # why it failed, set by the stage it ended in
     t: dict[str, float] = field(default_factory=dict)  # time.time() of each event
 

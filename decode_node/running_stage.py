@@ -6,7 +6,8 @@
     add_local(dr): engine.add_request(the prompt) ─> RUNNING: queued, then prefilled in this engine's
              steps under its per-step prompt budget (max_prefill_tokens_per_step), then as above
         ├─ stop / length ─> pop_ready(step outputs): the request with its last output, for its final chunk
-        └─ abort() ─> engine request aborted, leaves at once
+        └─ abort(), or remove() (a local one the node displaced before it started) ─> engine request
+           aborted, leaves at once
 
 Every token but a request's last goes out from here; the node sends the final chunk, whose
 timings and finish reason cover the whole request.
@@ -33,6 +34,9 @@ class RunningStage:
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
 
     def add(self, dr: DecodeRequest) -> None:
         """Start decoding from the landed KV. Raises InvalidRequestError, with the reservation freed,
@@ -71,10 +75,13 @@ class RunningStage:
         finished, self._finished = self._finished, []
         return finished
 
-    def abort(self, dr: DecodeRequest) -> None:
+    def remove(self, dr: DecodeRequest) -> None:
         """Leave at once: the engine frees the request's blocks."""
         del self._requests[dr.request_id]
         self._engine.abort(dr.request_id)
+
+    def abort(self, dr: DecodeRequest) -> None:
+        self.remove(dr)
         dr.aborting = True
 
     def _emit(self, dr: DecodeRequest, out: StepOutput) -> None:

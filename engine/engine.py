@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,7 +47,7 @@ from raypd.engine.outputs import BlockAccounting, StepOutput
 from raypd.engine.overlap import PENDING, LaunchedDecode
 from raypd.engine.request import Request, RequestStatus
 from raypd.engine.sampler import Sampler
-from raypd.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from raypd.engine.scheduler import FairKey, ScheduledBatch, Scheduler, SchedulerConfig
 from raypd.engine.tokenizer import Tokenizer
 from raypd.protocol.kv_events import KVEventCallback
 from raypd.protocol.queued_by_priority import QueuedByPriority
@@ -491,6 +491,17 @@ class LLMEngine:
         wait: what a node's max_waiting_requests bounds. Requests added since are not counted: the
         next step may admit them all, so a burst the engine can take is not refused."""
         return min(self._left_waiting, len(self.scheduler.waiting))
+
+    def displaced_by(self, params: SamplingParams, owned: Container[str],
+                     outside: Sequence[tuple[str, SamplingParams]] = ()) -> str | None:
+        """At the node's waiting bound: the waiting request a new one with `params` takes the place of,
+        or None to refuse the new one (Scheduler.displaced_by has the rule). The caller ends the one
+        named (abort(): it holds nothing) as refused for capacity."""
+        return self.scheduler.displaced_by(params, owned, outside)
+
+    def waiting_key(self, outside: Iterable[SamplingParams] = ()) -> Callable[[SamplingParams], FairKey]:
+        """The waiting queue's rank by params (Scheduler.waiting_key), for a node's queue in front of it."""
+        return self.scheduler.waiting_key(outside)
 
     def block_accounting(self) -> BlockAccounting:
         cached = self.prefix_cache.cached_blocks()

@@ -71,6 +71,13 @@ class Request:
         self.token_ids = list(self.prompt_token_ids)
 
     @property
+    def started(self) -> bool:
+        """Whether it ever ran here: admitted once (a retracted or preempted request waits again, having
+        started), or joined the running batch with its KV (a PD decode node's). A waiting request that
+        never started holds no block and has computed nothing: a node may still turn it away."""
+        return self.num_cached_tokens is not None
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

@@ -28,6 +28,10 @@ requests here), a tie going to the tenant with fewer requests waiting (as at the
 a tenant just lifted to a flood's level would otherwise wait behind all of the flood's queue),
 then the policy's order. Fairness orders the queue only: it preempts
 nothing, and with one tenant the order is the policy's alone.
+A node bounds its waiting queue (max_waiting_requests); at the bound, displaced_by() says whether a
+newcomer takes the place of the request that would start last (SGLang's accept-or-preempt by
+priority, the ingress's line in cluster/serve/admission.py): by the same key, a waiting request
+that never started, and only when the newcomer ranks strictly before it.
 Prompts longer than `chunked_prefill_size` are split across steps (chunked prefill), and a step
 mixes decode tokens with prefill chunks (continuous batching). `max_prefill_tokens_per_step` caps
 the prompt tokens of a step that also decodes (a decode node that prefills prompts itself keeps
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -46,6 +51,11 @@ from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.request import Request, RequestStatus
 from raypd.protocol.fair_share import TenantShares
 from raypd.protocol.queued_by_priority import MOST_URGENT, QueuedByPriority, summarize
+from raypd.protocol.sampling_params import SamplingParams
+
+# A waiting request's rank before the policy's own order, smallest first: its priority, its
+# tenant's standing (Virtual Token Counter), its tenant's requests in line (Scheduler.waiting_key).
+FairKey = tuple[int, float, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,14 +268,13 @@ class Scheduler:
         now, bs = time.monotonic(), cfg.block_size
         look_up = cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
         self._lift_new_tenants()
-        counter, in_line = self.shares.counter, self._waiting_per_tenant()
+        fair = self._fair_key(r.params for r in self.waiting)
         keys = {}
         for r in [*prefills, *self.waiting]:
             todo = r.num_tokens - r.num_computed_tokens
             if look_up and r.status == RequestStatus.WAITING and r.prefix_node is None:
                 todo -= self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks * bs
-            keys[r] = (r.params.priority, counter(r.params.tenant), in_line[r.params.tenant],
-                       todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
+            keys[r] = (*fair(r.params), todo - cfg.srpt_aging_tokens_per_s * (now - r.queued_at))
         return keys
 
     def update(self, batch: ScheduledBatch) -> None:
@@ -347,12 +356,63 @@ class Scheduler:
         bs = cfg.block_size
         match = {id(r): self.cache.match_prefix(r.token_ids, (r.num_tokens - 1) // bs).num_blocks
                  for r in self.waiting} if lpm else {}
-        counter, in_line = self.shares.counter, self._waiting_per_tenant()
-        self.waiting = deque(sorted(self.waiting, key=lambda r: (r.params.priority, counter(r.params.tenant),
-                                                                 in_line[r.params.tenant], -match.get(id(r), 0))))
+        fair = self._fair_key(r.params for r in self.waiting)
+        self.waiting = deque(sorted(self.waiting, key=lambda r: (*fair(r.params), -match.get(id(r), 0))))
 
-    def _waiting_per_tenant(self) -> Counter[str]:
-        return Counter(r.params.tenant for r in self.waiting)
+    def waiting_key(self, outside: Iterable[SamplingParams] = ()) -> Callable[[SamplingParams], FairKey]:
+        """The rank this node's waiting queue gives a request with these params, before the policy's
+        own order (arrival, lpm's cached prefix, srpt's remaining work) decides among equals: for a
+        queue a node keeps in front of the engine (`outside`: a decode node's requests waiting for KV
+        memory), which serves in this order, and for displaced_by()."""
+        self._lift_new_tenants()
+        return self._fair_key([*(r.params for r in self.waiting), *outside])
+
+    def displaced_by(self, newcomer: SamplingParams, owned: Container[str],
+                     outside: Sequence[tuple[str, SamplingParams]] = ()) -> str | None:
+        """At a node's full waiting bound: the id of the request a newcomer with these params takes the
+        place of (the node ends that one as refused for capacity and takes the newcomer), or None: the
+        newcomer is refused. The candidates are the waiting requests that never started (holding no
+        block, nothing computed: Request.started) and that `owned` holds (the duty asking can end
+        them), then `outside` (id, params): requests the node queues in front of the engine, holding
+        nothing, in their order. The one displaced is the candidate that would start last by
+        waiting_key(), the later in line among equals, and only if the newcomer ranks strictly before
+        it: a newcomer that ties would start after it (it came later), so it is refused. The newcomer
+        counts in its tenant's line, as it will once it waits."""
+        key = self.waiting_key([*(p for _, p in outside), newcomer])
+        candidates = [*((r.request_id, r.params) for r in self.waiting if not r.started and r.request_id in owned),
+                      *outside]
+        last: tuple[str, FairKey] | None = None
+        for rid, params in candidates:
+            k = key(params)
+            if last is None or k >= last[1]:
+                last = (rid, k)
+        return last[0] if last is not None and key(newcomer) < last[1] else None
+
+    def _fair_key(self, line: Iterable[SamplingParams]) -> Callable[[SamplingParams], FairKey]:
+        """FairKey by params: priority first; then the tenant's counter, the tenant this node has
+        computed the fewest tokens for first (a tenant with nothing here yet at the level it will be
+        lifted to: _standing); then its requests among `line`, the requests being ordered (a tie
+        between tenants goes to the one with fewer waiting)."""
+        in_line = Counter(p.tenant for p in line)
+        standing: dict[str, float] = {}
+
+        def key(p: SamplingParams) -> FairKey:
+            s = standing.get(p.tenant)
+            if s is None:
+                s = standing[p.tenant] = self._standing(p.tenant)
+            return p.priority, s, in_line[p.tenant]
+        return key
+
+    def _standing(self, tenant: str) -> float:
+        """The tenant's counter as the queue ranks it. One with requests here (at the last lift) has its
+        own; one without is ranked where TenantShares.start_waiting will lift it once it comes (asked of
+        a copy of the counters: ranking a newcomer, maybe refused, changes nobody's counter)."""
+        if tenant in self._backlogged:
+            return self.shares.counter(tenant)
+        trial = TenantShares()
+        trial.counters = {t: self.shares.counter(t) for t in (tenant, *self._backlogged)}
+        trial.start_waiting(tenant, self._backlogged)
+        return trial.counter(tenant)
 
     def _lift_new_tenants(self) -> None:
         """Tenants with requests here (waiting or running) that had none at the last sort are lifted

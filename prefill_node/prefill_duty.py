@@ -6,8 +6,13 @@ node knows the same id).
         │               │ room FAILED                                  │ room FAILED               │ room terminal
         │               v                                              v                           v
         │         PrefillResult(error)                          PrefillResult(error)    PrefillResult(ok / error)
-        └─ max_waiting_requests already wait in the engine's queue ─> PrefillResult(overloaded) at once,
-           no room opened (the caller aborts the decode side)
+        └─ max_waiting_requests already wait in the engine's queue:
+             ├─ it ranks before the one of them that would start last (Scheduler.displaced_by: priority,
+             │  then tenant share; only one that never started, in WaitingStage)
+             │     ─> taken; that one is aborted in WaitingStage ─room terminal─> PrefillResult(overloaded)
+             │        (its decode side hears the room fail; the caller treats it as a refusal)
+             └─ otherwise ─> PrefillResult(overloaded) at once, no room opened (the caller aborts the
+                decode side)
     abort(request_id): the stage holding the request aborts its room (WaitingStage also frees the
                        engine request at once); the request ends when the room is terminal, error "aborted ..."
     The first token goes to the caller as WaitingStage hands the request on, before its KV leaves
@@ -68,9 +73,11 @@ class PrefillDuty:
         # Back-pressure: while the engine's last step left this many waiting (no prefill slot or no
         # memory for them), the next request is refused at once (HTTP 429 at the ingress). Requests
         # in BootstrapStage are not counted: they wait for their decode side, whose own bound limits
-        # them, and a burst the decode side takes within milliseconds must not be refused here.
+        # them, and a burst the decode side takes within milliseconds must not be refused here. A
+        # newcomer that ranks before a waiting request takes its place instead (_add).
         self.max_waiting = engine.config.waiting_limit
-        self.num_refused = 0
+        self.num_refused = 0     # refusals for capacity, displaced requests included (as at the ingress)
+        self.num_displaced = 0
 
     # -- from the actor's event loop: what a node's Ray-callable methods await -----------------------
     async def prefill(self, req: NodeRequest) -> PrefillResult:
@@ -108,11 +115,15 @@ class PrefillDuty:
             reply.set(PrefillResult(rid, False, f"request id {rid!r} is already on this node", no_room=True))
             return
         waiting = self.core.engine.num_backlogged()
+        displaced = None
         if waiting >= self.max_waiting:
-            self.num_refused += 1
-            reply.set(PrefillResult(rid, False, f"prefill node {self.name} is full: {waiting} requests already "
-                                                f"wait for prefill compute (max_waiting_requests)", overloaded=True))
-            return
+            displaced = self.core.engine.displaced_by(req.params, self.waiting)
+            if displaced is None:
+                self.num_refused += 1
+                reply.set(PrefillResult(rid, False, f"prefill node {self.name} is full: {waiting} requests "
+                                                    f"already wait for prefill compute (max_waiting_requests)",
+                                        overloaded=True))
+                return
         pr = PrefillRequest(req, reply, t={"arrived": time.time()})
         try:
             self.core.engine.validate(req.prompt_token_ids, req.params, prefill_only=True)
@@ -121,6 +132,16 @@ class PrefillDuty:
             reply.set(PrefillResult(rid, False, str(e), no_room=True))
             return
         self.requests[rid] = pr
+        if displaced is not None:  # only once the newcomer is in: a bad one displaces nobody
+            self._displace(self.requests[displaced], rid)
+
+    def _displace(self, pr: PrefillRequest, by: str) -> None:
+        """End a waiting request that never started as refused for capacity: `by` took its place."""
+        self.num_refused += 1
+        self.num_displaced += 1
+        pr.overloaded = True
+        self.waiting.abort(pr, f"prefill node {self.name} is full: request {by!r} ranks before this one in its "
+                               f"queue (priority, then tenant share) and took its place (max_waiting_requests)")
 
     def abort(self, request_id: str, reason: str) -> None:
         pr = self.requests.get(request_id)
@@ -173,10 +194,10 @@ class PrefillDuty:
             pr.t["ended"] = now
             if pr.error is None:
                 self.num_completed += 1
-            else:
+            elif not pr.overloaded:  # a displaced request is counted as refused (_displace), not as failed
                 self.num_failed += 1
             pr.reply.set(PrefillResult(pr.request_id, pr.error is None, pr.error, pr.num_cached_tokens,
-                                       pr.timings()))
+                                       pr.timings(), overloaded=pr.overloaded))
 
     # -- load and introspection ---------------------------------------------------------------------------
     def load(self) -> DutyLoad:
@@ -191,7 +212,7 @@ class PrefillDuty:
                   "inflight": len(f) - f.num_aborting, "aborting": b.num_aborting + w.num_aborting + f.num_aborting}
         c = self.copies
         return {"queues": queues, "completed": self.num_completed, "failed": self.num_failed,
-                "refused": self.num_refused, "transfer": asdict(self.sender.stats()),
+                "refused": self.num_refused, "displaced": self.num_displaced, "transfer": asdict(self.sender.stats()),
                 "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed}}
 
     def still_held(self) -> dict[str, int]:

@@ -35,6 +35,7 @@ class PrefillRequest:
     first_token: int = -1                 # set when prefilled
     num_cached_tokens: int = 0
     abort_reason: str | None = None       # set by abort(): it leaves once its room is terminal
+    overloaded: bool = False              # displaced from the full queue: ends as refused for capacity
     error: str | None = None              # why it ended; None: its KV reached the decode node
     record: Room | None = None            # the sender's record of its room, once released
     t: dict[str, float] = field(default_factory=dict)  # time.time() each phase started

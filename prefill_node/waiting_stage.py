@@ -7,6 +7,8 @@
         └─ room FAILED (the decode node gave up or died while we computed) or abort()
               ─> engine request aborted at once (no byte is moving yet); pop_ended() once the room is
                  terminal: aux slot and room released, pr.error says why
+                 (the node's displacement of a request that never started is such an abort, with
+                 pr.overloaded set)
 
 The rooms of waiting requests are polled only for failure: the engine's step outputs move them on.
 """
@@ -33,6 +35,9 @@ class WaitingStage:
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
 
     @property
     def num_aborting(self) -> int:

@@ -42,8 +42,9 @@ class NodeRequest:
 
 
 # The finish reason of a request a node refused for want of capacity (its bounded waiting queue was
-# full, or the request waited its bound for KV memory). Its final chunk also carries an error saying
-# why; nothing of the request is held anywhere. Not a fault: callers answer "retry later" (HTTP 429).
+# full, a newcomer ranking before it took its place there before it started, or it waited its bound
+# for KV memory). Its final chunk also carries an error saying why; nothing of the request is held
+# anywhere. Not a fault: callers answer "retry later" (HTTP 429).
 OVERLOADED = "overloaded"
 
 
@@ -129,7 +130,8 @@ class PrefillResult:
     error: str | None = None
     num_cached_tokens: int = 0
     timings: dict = field(default_factory=dict)
-    overloaded: bool = False  # refused at once for want of capacity (see OVERLOADED); no room was opened
+    overloaded: bool = False  # refused for want of capacity (see OVERLOADED): at once, no room opened; or
+                              # displaced from the full queue before it started, its room failed
     no_room: bool = False     # refused before any room was opened (a bad prompt, a duplicate id): no KV will come
 
 

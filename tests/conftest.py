@@ -206,7 +206,8 @@ OWN_GROUP = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl
 # group, "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters
 # meet. The lab's clusters live in network namespaces of their own.
 RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak_short.py",
-            "tests/bench_tenants/test_tenants_short.py",
+            "tests/bench_tenants/test_tenants_short.py", "tests/pool_scaling/test_autoscale_serve.py",
+            "tests/bench_autoscale/test_autoscale_short.py",
             "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py",
             "tests/lab/test_host_faults.py"}
 

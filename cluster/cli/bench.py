@@ -11,6 +11,9 @@
     raypd bench tenants --phase-duration 60 --json out.json
                                             an interactive tenant alone and beside another's flood at 4x
                                             capacity, with tenant fairness on and off, and with priorities
+    raypd bench autoscale --out out.json    a load step (x3 for 2 minutes, then back) on raypd serve --autoscale:
+                                            SLO attainment over time beside the nodes per role, the recovery
+                                            time after the step, requests lost while the pool shrinks
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
     raypd bench engine --json out.json      single-engine throughput vs transformers (and llama.cpp's
@@ -36,12 +39,13 @@ BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmark
               "serve": "raypd.benchmarks.serve.main", "chaos": "raypd.benchmarks.chaos.main",
               "conductor-failover": "raypd.benchmarks.conductor_failover", "soak": "raypd.benchmarks.soak.main",
               "hostile": "raypd.benchmarks.ingress_hostile", "gpu-smoke": "raypd.benchmarks.gpu_smoke",
-              "parity": "raypd.benchmarks.family_parity", "tenants": "raypd.benchmarks.tenants.main"}
+              "parity": "raypd.benchmarks.family_parity", "tenants": "raypd.benchmarks.tenants.main",
+              "autoscale": "raypd.benchmarks.autoscale.main"}
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, tenants, pd, transfer, engine, routing, "
-                                     "conductor, streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, tenants, autoscale, pd, transfer, engine, "
+                                     "routing, conductor, streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")
     p.set_defaults(run=run_bench)

@@ -111,6 +111,24 @@ def add_serve_parser(sub) -> None:
                    help="per ingress replica: requests waiting for one of those slots (default: as many again)")
     b.add_argument("--ttft-slo", type=float, default=None, metavar="S",
                    help="turn on the Conductor's SLO admission: reject a request whose estimated TTFT exceeds S s")
+    a = p.add_argument_group("autoscaling (the node pool follows the SLO; docs/architecture.md, \"Autoscaling\")")
+    a.add_argument("--autoscale", default=None, metavar="RANGES",
+                   help="scale the node pool between MIN and MAX nodes: MIN:MAX for every started role, or "
+                        "role=MIN:MAX[,role=MIN:MAX] (prefill, decode, mixed; flex with --adaptive). The node "
+                        "counts above are where it starts. Nodes are added as Ray resource requests (a Ray "
+                        "autoscaler or KubeRay brings machines) and removed after draining, losing no request")
+    a.add_argument("--autoscale-ttft", type=float, default=None, metavar="S",
+                   help="with --autoscale: the TTFT target a request must meet (seconds)")
+    a.add_argument("--autoscale-tpot", type=float, default=None, metavar="S",
+                   help="with --autoscale: the time per output token a request must meet (seconds)")
+    a.add_argument("--autoscale-attainment", type=float, default=0.9, metavar="SHARE",
+                   help="with --autoscale: the share of requests that must meet both targets (default 0.9)")
+    a.add_argument("--autoscale-window", type=float, default=30.0, metavar="S",
+                   help="with --autoscale: attainment is judged over the requests of the last S seconds (default 30)")
+    a.add_argument("--autoscale-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="with --autoscale: one of the scaler's finer settings (cluster/autoscale/config.py's "
+                        "AutoscaleConfig: up_hold_s, up_cooldown_s, down_hold_s, down_cooldown_s, idle_share, "
+                        "queue_per_node, min_samples, tick_s, drain_timeout_s, ...); repeatable")
     add_engine_args(p)
     p.set_defaults(run=run_serve)
 
@@ -134,7 +152,25 @@ def config_from_args(args):
         stall_timeout_s=args.stall_timeout, chaos_hooks=args.chaos_hooks,
         max_ongoing_requests=args.max_ongoing_requests, max_queued_requests=args.max_queued_requests,
         ttft_slo_s=args.ttft_slo, adaptive=args.adaptive, local_prefill_budget=args.local_prefill_budget,
-        tpot_target_s=args.tpot_target)
+        tpot_target_s=args.tpot_target, autoscale=args.autoscale, autoscale_ttft_s=args.autoscale_ttft,
+        autoscale_tpot_s=args.autoscale_tpot, autoscale_attainment=args.autoscale_attainment,
+        autoscale_window_s=args.autoscale_window, autoscale_options=autoscale_options(args.autoscale_option))
+
+
+def autoscale_options(items: list[str]) -> dict:
+    """--autoscale-option NAME=VALUE pairs as AutoscaleConfig fields (numbers; ServeConfig checks the names)."""
+    from raypd.cluster.serve.config import ServeConfigError
+
+    out: dict = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            out[name.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise ServeConfigError(f"--autoscale-option {item!r}: expected NAME=NUMBER") from None
+    return out
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -228,6 +264,10 @@ class Server:
         layout = (f"{self.config.mixed_nodes} mixed" if self.config.mixed_nodes else
                   f"{self.config.prefill_nodes} prefill + {self.config.decode_nodes} decode")
         log.info("nodes: %s (%s); policy %s", ", ".join(n.name for n in self.nodes), layout, self.config.policy)
+        if (scaling := self.config.autoscale_config()) is not None:
+            log.info("autoscaling %s for TTFT <= %g s and TPOT <= %g s in %.0f%% of the requests of the last %g s",
+                     ", ".join(map(str, scaling.ranges)), scaling.ttft_target_s, scaling.tpot_target_s,
+                     100 * scaling.attainment, scaling.window_s)
         ongoing, queued = self.config.admission_limits(cluster_gpus())
         slo = f"TTFT <= {self.config.ttft_slo_s:g} s" if self.config.ttft_slo_s else "off"
         log.info("back-pressure (429 beyond): %d requests in progress + %d queued per ingress replica; "
@@ -247,7 +287,7 @@ class Server:
 
     def _init_ray(self):
         c = self.config
-        need = (c.prefill_nodes + c.decode_nodes + c.mixed_nodes) * c.cpus_per_node + c.ingress_cpus * c.ingress_replicas
+        need = sum(c.most_nodes()) * c.cpus_per_node + c.ingress_cpus * c.ingress_replicas   # room to scale up
         local = {"include_dashboard": not self.args.no_dashboard, "dashboard_host": "127.0.0.1"}
         if self.args.metrics_export_port:
             local["_metrics_export_port"] = self.args.metrics_export_port
@@ -261,6 +301,11 @@ class Server:
 
         if not ray.is_initialized():
             return
+        try:   # the autoscaler may have added nodes since start: kill those too if the app leaves any
+            pool = serve.get_deployment_handle("NodePool", app_name=self.config.app_name)
+            self.nodes = pool.nodes.remote().result(timeout_s=10)
+        except Exception as e:  # noqa: BLE001 - the pool is gone or never started: keep the list from start
+            log.debug("could not refresh the node list: %s", reason(e))
         try:
             if self.started_ray:
                 serve.shutdown()

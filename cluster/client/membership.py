@@ -6,7 +6,12 @@ version that grows with every change, so a reader can tell it has the latest.
 
     LIVE ─call fails: actor restarting─> RESTARTING ─ready() answers, new instance─> LIVE (incarnation + 1)
     LIVE ─probe times out─> UNRESPONSIVE ─answers again─> LIVE
+    LIVE ─the pool drains it to remove it─> DRAINING ─idle─> (left the membership)
+                                              └─drain called off─> LIVE;  a failure as from LIVE
     any ─actor died for good (max restarts used up)─> DEAD
+
+A DRAINING node is routed nothing new but its requests go on: it has not left (a reader must not
+end its streams), it is just not offered to new work.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ class MemberState(str, Enum):
     LIVE = "live"
     RESTARTING = "restarting"        # the actor died and Ray is starting a fresh incarnation
     UNRESPONSIVE = "unresponsive"    # alive as far as Ray knows, but its last probe timed out
+    DRAINING = "draining"            # serving what it holds, routed nothing new: the pool removes it once idle
     DEAD = "dead"                    # gone for good: its restarts are used up
     NONE = "none"                    # (Conductor only) the application runs without one
 
@@ -41,6 +47,11 @@ class Member:
     def name(self) -> str:
         return self.node.name
 
+    @property
+    def serving(self) -> bool:
+        """Its requests run on: live, or draining (routed nothing new, but not gone)."""
+        return self.state in (MemberState.LIVE, MemberState.DRAINING)
+
     def health(self) -> dict:
         body: dict[str, Any] = {"name": self.name, "role": str(self.node.role), "state": self.state.value,
                                 "incarnation": self.incarnation, "restarts": self.restarts}
@@ -56,6 +67,7 @@ class Membership:
     conductor: Any = None            # the Conductor actor handle (None: no Conductor)
     conductor_state: MemberState = MemberState.NONE
     conductor_incarnation: int = 0
+    autoscale: dict | None = field(default=None, compare=False)   # the pool scaler's status, when it runs
     by_name: dict[str, Member] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -88,4 +100,5 @@ class Membership:
         """/health's body: the verdict, each node's state and the Conductor's."""
         return {"status": "ok" if self.can_serve else "unavailable",
                 "nodes": [m.health() for m in self.members],
-                "conductor": {"state": self.conductor_state.value, "incarnation": self.conductor_incarnation}}
+                "conductor": {"state": self.conductor_state.value, "incarnation": self.conductor_incarnation},
+                **({"autoscale": self.autoscale} if self.autoscale is not None else {})}

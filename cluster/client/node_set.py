@@ -45,7 +45,8 @@ class NodeSet:
         self._on_restart.append(listener)
 
     def on_leave(self, listener: Callable[[str, MemberState], object]) -> None:
-        """Call listener(node name, new state) whenever a refresh shows a live node no longer live."""
+        """Call listener(node name, new state) whenever a refresh shows a node that was serving
+        (live or draining) stop serving."""
         self._on_leave.append(listener)
 
     def start(self) -> None:
@@ -79,7 +80,7 @@ class NodeSet:
             if m.incarnation != before.incarnation:
                 for listener in self._on_restart:
                     listener(m.name)
-            if before.state is MemberState.LIVE and m.state is not MemberState.LIVE:
+            if before.serving and not m.serving:   # a drain is no leaving: its streams go on
                 for leave in self._on_leave:
                     leave(m.name, m.state)
         return fresh

@@ -14,7 +14,10 @@ side when the decode side failed: nothing waits for heartbeats to free it). An e
 the node held responsible (TokenChunk.failed_node), which the caller's retries avoid. A node that
 refuses the request for want of capacity ends it with finish_reason OVERLOADED (a prefill node's
 refusal comes back as PrefillResult.overloaded: the decode side is aborted at once and the final
-chunk says OVERLOADED, naming the prefill node).
+chunk says OVERLOADED, naming the prefill node). A prefill node may also refuse a request later, while
+it waits in its queue, for a newcomer that ranks before it (prefill_node/prefill_duty.py): its room
+fails, so the decode side may end first, with a transfer error, before the refusal arrives. Whatever
+the decode side said, a request whose prefill result is overloaded before any token ends as refused.
 Callers pass the nodes their Router chose (client/router.py); the driver itself never picks one.
 """
 from __future__ import annotations
@@ -134,21 +137,26 @@ class RequestDriver:
         if prefill_died.is_set() and final.finish_reason == "abort":
             final = replace(final, finish_reason=None, error=f"prefill node {prefill.name} failed: "
                                                               f"{type(watch.result()).__name__}")
-        elif prefill_refused.is_set():  # no KV could come: whatever the decode side said, it was the refusal
-            final = replace(final, finish_reason=OVERLOADED, error=watch.result().error)
-        elif prefill_no_room.is_set() and not stream.received:  # the same, refused for another reason
+        elif prefill_no_room.is_set() and not stream.received:  # refused before a room: no KV could come
             final = replace(final, finish_reason=None,
                             error=f"prefill node {prefill.name} refused the request: {watch.result().error}")
-        if final.error:  # the decode side is over: free the prefill side now, whatever it holds
+        if final.error and not prefill_refused.is_set():  # the decode side is over: free the prefill side now
             fire(untracked(prefill.actor.abort).remote(req.request_id), ABORT_S)
-        final, prefill_failed = await self._with_prefill_timings(final, prefill_ref, waited_for_kv=not stream.received)
+        final, prefill_failed, result = await self._with_prefill_timings(final, prefill_ref,
+                                                                         waited_for_kv=not stream.received)
+        # Refused for capacity, at once or displaced from its queue later: no KV could come, so whatever
+        # the decode side said (an abort, or a failed room when it ended before the refusal reached us:
+        # prefill_refused is then unset) it was the refusal. Not with a token received: that prefill ended well.
+        refusal = result.error if result is not None and result.overloaded and not stream.received else None
+        if refusal is not None:
+            final = replace(final, finish_reason=OVERLOADED, error=refusal)
         if final.error:
             # The node the caller learnt was lost is that one's; the stream's own failure (the decode
             # node died or fell silent) is the decode node's; an error the decode node reported is the
             # prefill node's when that one failed, refused, or stayed silent while the KV was awaited.
             if stream.lost_node:
                 blame = prefill if stream.lost_node == prefill.name else decode
-            elif prefill_refused.is_set() or prefill_no_room.is_set() or (prefill_failed and not stream.stream_failed):
+            elif refusal is not None or prefill_no_room.is_set() or (prefill_failed and not stream.stream_failed):
                 blame = prefill
             else:
                 blame = decode
@@ -175,24 +183,24 @@ class RequestDriver:
                     fire(prefill_ref, ABORT_S)
 
     async def _with_prefill_timings(self, final: TokenChunk, prefill_ref,
-                                    waited_for_kv: bool = False) -> tuple[TokenChunk, bool]:
+                                    waited_for_kv: bool = False) -> tuple[TokenChunk, bool, PrefillResult | None]:
         """Merge the prefill node's phase timings into the final chunk (bounded wait: the decode side
-        has already ended, so a live prefill node answers at once); and whether the prefill node
-        failed: its call raised (it died or its engine crashed), or, when the decode side ended with an
-        error before any token (`waited_for_kv`), it stayed silent for prefill_wait_s (it is hung: the
-        decode side's transfer timed out because of it)."""
+        has already ended, so a live prefill node answers at once); whether the prefill node failed:
+        its call raised (it died or its engine crashed), or, when the decode side ended with an error
+        before any token (`waited_for_kv`), it stayed silent for prefill_wait_s (it is hung: the decode
+        side's transfer timed out because of it); and its result, None when it gave none."""
         try:
             result: PrefillResult = await asyncio.wait_for(prefill_ref, self.prefill_wait_s)
         except asyncio.TimeoutError:
-            return final, bool(final.error) and waited_for_kv
+            return final, bool(final.error) and waited_for_kv, None
         except ray.exceptions.RayError:
-            return final, True
+            return final, True, None
         timings = {**{f"prefill.{k}": v for k, v in result.timings.items()},
                    **{f"decode.{k}": v for k, v in final.timings.items()}}
         error = final.error
         if error and result.error and result.error not in error:
             error = f"{error} (prefill: {result.error})"
-        return replace(final, error=error, timings=timings), False
+        return replace(final, error=error, timings=timings), False, result
 
 
 async def _outcome(ref):

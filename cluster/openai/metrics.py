@@ -35,6 +35,7 @@ from raypd.cluster.openai.api_errors import api_error
 from raypd.metrics.ray_api import NOOP, MetricsAPI, metrics_api
 
 if TYPE_CHECKING:
+    from raypd.cluster.autoscale.slo_counts import SloTally
     from raypd.cluster.openai.params import PreparedRequest
 
 Status = Literal["ok", "client_error", "rejected", "unavailable", "aborted", "error"]
@@ -88,6 +89,9 @@ class IngressMetrics:
         self.priority_ttft = api.Histogram(p + "priority_ttft_seconds", "time to first text per choice, by priority",
                                            TTFT_S, ("priority",))
         self.failover = FailoverMetrics(api)
+        # With autoscaling: every finished request counted against the SLO targets (the replica's
+        # SloReporter sends the counts to the node pool). Works without Ray, unlike the series above.
+        self.slo: SloTally | None = None
 
     def start(self, endpoint: str) -> RequestRecord:
         return RequestRecord(self, endpoint, time.monotonic())
@@ -106,7 +110,8 @@ class FailoverMetrics:
 
 class RequestRecord:
     """One generation request from arrival to its status; finish() counts it once, whoever calls first."""
-    __slots__ = ("metrics", "endpoint", "t0", "status", "priority", "served_tokens", "_last_event")
+    __slots__ = ("metrics", "endpoint", "t0", "status", "priority", "served_tokens", "ttft_s", "tpot_s",
+                 "_last_event")
 
     def __init__(self, metrics: IngressMetrics, endpoint: str, t0: float):
         self.metrics = metrics
@@ -115,6 +120,8 @@ class RequestRecord:
         self.status: Status | None = None
         self.priority: str | None = None  # its priority's label, once it reaches generation (track)
         self.served_tokens = 0  # prompt and output tokens as its usage counts them (the tenant's share)
+        self.ttft_s: float | None = None   # its first choice's first text (None: none came)
+        self.tpot_s: float | None = None   # its slowest choice's time per output token
         self._last_event = t0
 
     def finish(self, status: Status) -> None:
@@ -127,6 +134,11 @@ class RequestRecord:
             m.priority_requests.inc(1, {"priority": self.priority, "status": status})
         if status == "ok":
             m.e2e.observe(self._last_event - self.t0, {"endpoint": self.endpoint})
+        if m.slo is not None:
+            if status == "ok":
+                m.slo.observe(self.ttft_s, self.tpot_s)
+            elif status in ("rejected", "unavailable"):   # refused for capacity: a TTFT miss
+                m.slo.observe(None, None, rejected=True)
 
     async def track(self, events: AsyncGenerator, prepared: PreparedRequest,
                     echo: list[str] | None = None) -> AsyncGenerator:
@@ -152,6 +164,8 @@ class RequestRecord:
                 seen.add(e.index)
                 if not is_echo and e.index not in first:
                     first[e.index] = now
+                    if self.ttft_s is None:
+                        self.ttft_s = max(now - self.t0, 0.0)
                     m.ttft.observe(max(now - self.t0, 0.0), tags)
                     m.priority_ttft.observe(max(now - self.t0, 0.0), by_priority)
                 if e.finish_reason:
@@ -159,7 +173,9 @@ class RequestRecord:
                     p = prompt_of.get(e.index, 0)
                     cached[p] = max(cached.get(p, 0), e.cached_tokens)
                     if e.completion_tokens > 1 and e.index in first:
-                        m.tpot.observe(max((now - first[e.index]) / (e.completion_tokens - 1), 0.0), tags)
+                        tpot = max((now - first[e.index]) / (e.completion_tokens - 1), 0.0)
+                        self.tpot_s = max(self.tpot_s or 0.0, tpot)
+                        m.tpot.observe(tpot, tags)
                 yield e
             self.finish("ok")
         except (asyncio.CancelledError, GeneratorExit):

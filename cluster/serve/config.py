@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from raypd.cluster.autoscale.config import AutoscaleConfig, AutoscaleConfigError, parse_autoscale
 from raypd.cluster.launch.gpu_budget import GpuBudgetError, check_gpus_per_node, gpus_per_node
 from raypd.cluster.launch.local_cluster import ClusterSpec
 from raypd.cluster.openai.api_keys import KeyRing, KeysFileError
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import SECRET_ENV, DataPlaneSecret, data_plane_secret_from_env
+from raypd.protocol.roles import Role
 
 
 class ServeConfigError(ValueError):
@@ -85,6 +87,17 @@ class ServeConfig:
     # With adaptive: the TPOT to hold; decode steps past 0.8 of it move a node to decode
     # (ClusterSpec.tpot_target_s). None: only decode KV memory does.
     tpot_target_s: float | None = None
+    # SLO-driven scaling of the node pool (cluster/autoscale/): the --autoscale ranges ("1:3", or
+    # "prefill=1:2,decode=1:4"); None: the pool keeps the sizes it started with. The node counts above
+    # are the sizes it starts with, inside the ranges. It adds a node of a role when fewer than
+    # autoscale_attainment of the requests of the last autoscale_window_s met both targets (or its
+    # queue grows), and drains and removes one when the role idles.
+    autoscale: str | None = None
+    autoscale_ttft_s: float | None = None
+    autoscale_tpot_s: float | None = None
+    autoscale_attainment: float = 0.9
+    autoscale_window_s: float = 30.0
+    autoscale_options: dict = field(default_factory=dict)   # AutoscaleConfig's other fields (holds, cooldowns)
     app_name: str = "raypd"
     # Proven by every data plane connection (kvtransfer/data_plane_auth.py). None: taken from the
     # environment variable RAYPD_DATA_PLANE_SECRET (the Helm chart fills it from a Kubernetes Secret),
@@ -153,6 +166,7 @@ class ServeConfig:
                                    "it needs --adaptive")
         if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
             raise ServeConfigError("--ttft-slo must be > 0 seconds")
+        self.autoscale_config()  # the ranges and targets are valid and fit the node counts
         self.admission_limits()  # the engine options it reads are valid
         try:  # every node actor makes its TransferConfig from these: a bad one fails here, once
             TransferConfig(**self.transfer_options)
@@ -213,10 +227,62 @@ class ServeConfig:
             engine = EngineConfig(**(BATCH_DEFAULTS["cuda" if on_gpu else "cpu"] | self.engine_options))
         except Exception as e:  # noqa: BLE001 - unknown option (TypeError) or bad value (ConfigError)
             raise ServeConfigError(f"engine options: {e}") from None
-        decoding = self.decode_nodes + self.mixed_nodes + (self.prefill_nodes if self.adaptive else 0)  # flex may decode
+        prefill, decode, mixed = self.most_nodes()
+        decoding = decode + mixed + (prefill if self.adaptive else 0)  # flex may decode
         held = decoding * (engine.max_running_requests + engine.waiting_limit)
         ongoing = self.max_ongoing_requests or max(1, -(-held // self.ingress_replicas))
         return ongoing, ongoing if self.max_queued_requests is None else self.max_queued_requests
+
+    def started_roles(self) -> list[Role]:
+        """The roles the pool starts nodes of (flex for both PD halves with adaptive)."""
+        if self.mixed_nodes:
+            return [Role.MIXED]
+        return [Role.FLEX] if self.adaptive else [Role.PREFILL, Role.DECODE]
+
+    def autoscale_config(self) -> AutoscaleConfig | None:
+        """The pool scaler's configuration (None: no autoscaling); ServeConfigError when it does not fit."""
+        if self.autoscale is None:
+            if self.autoscale_ttft_s is not None or self.autoscale_tpot_s is not None or self.autoscale_options:
+                raise ServeConfigError("--autoscale-ttft, --autoscale-tpot and autoscale options need --autoscale")
+            return None
+        if self.autoscale_ttft_s is None or self.autoscale_tpot_s is None:
+            raise ServeConfigError("--autoscale needs the SLO it scales for: --autoscale-ttft S and --autoscale-tpot S")
+        try:
+            ranges = parse_autoscale(self.autoscale, self.started_roles())
+            config = AutoscaleConfig(ranges, self.autoscale_ttft_s, self.autoscale_tpot_s,
+                                     attainment=self.autoscale_attainment, window_s=self.autoscale_window_s,
+                                     **self.autoscale_options)
+        except AutoscaleConfigError as e:
+            raise ServeConfigError(str(e)) from None
+        except TypeError as e:   # an unknown option
+            raise ServeConfigError(f"autoscale options: {e}") from None
+        started = {Role.PREFILL: self.prefill_nodes, Role.DECODE: self.decode_nodes, Role.MIXED: self.mixed_nodes,
+                   Role.FLEX: self.prefill_nodes + self.decode_nodes}
+        for r in ranges:
+            if not r.least <= started[r.role] <= r.most:
+                raise ServeConfigError(f"--autoscale {r}: the pool starts {started[r.role]} {r.role} node(s), "
+                                       f"outside that range")
+            if r.least < 1:
+                raise ServeConfigError(f"--autoscale {r}: at least one {r.role} node must stay (MIN >= 1)")
+        return config
+
+    def most_nodes(self) -> tuple[int, int, int]:
+        """(prefill, decode, mixed) nodes at most: the started counts, or a scaled role's MAX (flex:
+        the MAX less the decode nodes started counts as prefill, the node counts' split)."""
+        config = self.autoscale_config() if self.autoscale is not None else None
+        prefill, decode, mixed = self.prefill_nodes, self.decode_nodes, self.mixed_nodes
+        if config is None:
+            return prefill, decode, mixed
+        for r in config.ranges:
+            if r.role is Role.PREFILL:
+                prefill = r.most
+            elif r.role is Role.DECODE:
+                decode = r.most
+            elif r.role is Role.MIXED:
+                mixed = r.most
+            elif r.role is Role.FLEX:
+                prefill = r.most - decode
+        return prefill, decode, mixed
 
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,

@@ -10,6 +10,8 @@ import asyncio
 
 from ray import serve
 
+from raypd.cluster.autoscale.slo_counts import SloTally
+from raypd.cluster.autoscale.slo_reporter import SloReporter
 from raypd.cluster.client.breaker import CircuitBreaker
 from raypd.cluster.client.make_router import make_router
 from raypd.cluster.client.node_set import NodeSet
@@ -61,6 +63,11 @@ class OpenAIIngress:
         breaker = CircuitBreaker(config.breaker_failures, config.breaker_window_s, config.breaker_cooldown_s)
         self.node_set.on_restart(breaker.forget)  # a new incarnation starts with a clean record
         self.metrics = IngressMetrics()
+        self.slo_reporter: SloReporter | None = None
+        if (scaling := config.autoscale_config()) is not None:   # the pool scales by what requests see here
+            self.metrics.slo = SloTally(scaling.ttft_target_s, scaling.tpot_target_s)
+            self.slo_reporter = SloReporter(self.metrics.slo, node_pool.report_slo.remote, every_s=scaling.tick_s)
+            self.slo_reporter.start()
         generator = Generator(driver, router, tokenizer.hf, retry_limit=config.retry_limit,
                               migration_limit=config.migration_limit, breaker=breaker, nodes=self.node_set,
                               recovery_wait_s=config.recovery_wait_s, metrics=self.metrics.failover)
@@ -77,6 +84,9 @@ class OpenAIIngress:
         node_set = getattr(self, "node_set", None)
         if node_set is not None:
             node_set.stop()
+        reporter = getattr(self, "slo_reporter", None)
+        if reporter is not None:
+            reporter.stop()
         # The driver owns a socket the nodes send tokens to; Serve calls this when the replica stops.
         close = getattr(getattr(self, "driver", None), "close", None)
         if close is not None:

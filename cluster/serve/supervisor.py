@@ -16,6 +16,10 @@ delays a probe; a step that never ends shows in the load as stalled_s. What it d
   - the Conductor answers with a new instance id: it restarted; the nodes re-register by themselves
     (node/conductor_link.py), nothing to do here but count it.
 Ray restarts an actor at once; a node that keeps crashing is bounded by max_restarts, then DEAD.
+
+The pool scaler (cluster/autoscale/pool_scaler.py) changes the set: add() starts watching new
+nodes, drain() keeps a node DRAINING (a probe that answers leaves it so, not LIVE) until
+undrain() or remove(), which stops watching it and drops it from the membership.
 """
 from __future__ import annotations
 
@@ -66,21 +70,60 @@ class NodeSupervisor:
         self._conductor_instance = ""
         self._conductor_incarnation = 0
         self._version = 0
+        self._tasks: dict[str | None, asyncio.Task] = {}   # node name (None: the Conductor) -> its watch
+        self._draining: set[str] = set()   # nodes the pool drains: DRAINING while their probes answer
+        self.autoscale_status: dict | None = None   # the pool scaler's, shown in the membership (/health)
         self._snapshot = self._build()
-        self._tasks: list[asyncio.Task] = []
         self._attaching: dict[str, asyncio.Task] = {}  # node name -> its new incarnation's attachment
 
     # -- for the node pool ------------------------------------------------------------------------
     def start(self) -> None:
         """One watch loop per node and one for the Conductor: a slow probe delays no other."""
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._watch(name)) for name in self._members]
+        self._tasks = {name: loop.create_task(self._watch(name)) for name in self._members}
         if self.conductor is not None:
-            self._tasks.append(loop.create_task(self._watch(None)))
+            self._tasks[None] = loop.create_task(self._watch(None))
 
     def stop(self) -> None:
-        for task in [*self._tasks, *self._attaching.values()]:
+        for task in [*self._tasks.values(), *self._attaching.values()]:
             task.cancel()
+
+    def add(self, nodes: list[NodeHandle]) -> None:
+        """New nodes (ready, attached to the Conductor): LIVE, and watched from now on."""
+        loop = asyncio.get_running_loop()
+        for node in nodes:
+            self._members[node.name] = Member(node)
+            self._tasks[node.name] = loop.create_task(self._watch(node.name))
+        self._bump()
+
+    def drain(self, name: str) -> None:
+        """Route `name` nothing new (DRAINING) while what it holds finishes."""
+        self._draining.add(name)
+        member = self._members[name]
+        if member.state is MemberState.LIVE:
+            self._set(replace(member, state=MemberState.DRAINING), changed=None)
+
+    def undrain(self, name: str) -> None:
+        """Call a drain off: LIVE again (if its probes still answer)."""
+        self._draining.discard(name)
+        member = self._members.get(name)
+        if member is not None and member.state is MemberState.DRAINING:
+            self._set(replace(member, state=MemberState.LIVE), changed=None)
+
+    def remove(self, name: str) -> None:
+        """Stop watching `name` and drop it from the membership (it was drained, or is dead for good)."""
+        for task in (self._tasks.pop(name, None), self._attaching.pop(name, None)):
+            if task is not None:
+                task.cancel()
+        self._draining.discard(name)
+        self._instances.pop(name, None)
+        if self._members.pop(name, None) is not None:
+            self._bump()
+
+    def publish(self, autoscale_status: dict) -> None:
+        """The pool scaler's status, for /health (no new version: nothing changed in the nodes)."""
+        self.autoscale_status = autoscale_status
+        self._snapshot = self._build()
 
     def membership(self) -> Membership:
         return self._snapshot
@@ -116,7 +159,8 @@ class NodeSupervisor:
         if instance != known:
             await self._restarted(member, info, instance)
             return
-        self._set(replace(member, state=MemberState.LIVE, load=load, reason=""), changed=member.state)
+        state = MemberState.DRAINING if member.name in self._draining else MemberState.LIVE
+        self._set(replace(member, state=state, load=load, reason=""), changed=member.state)
 
     async def _restarted(self, member: Member, info: dict, instance: str) -> None:
         node = replace(member.node, host=info["host"], num_blocks=info["num_blocks"],
@@ -147,7 +191,7 @@ class NodeSupervisor:
         if state is member.state:
             return
         reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        if member.state is MemberState.LIVE:
+        if member.serving:
             log.warning("node %s left routing (%s): %s", member.name, state.value, reason)
             if self.conductor is not None:
                 fire(self.conductor.mark_dead.remote(member.name, f"node pool: {reason}"), MARK_DEAD_S)
@@ -183,6 +227,8 @@ class NodeSupervisor:
     def _set(self, member: Member, changed: MemberState | None) -> None:
         """Store `member`; a new version when its state changed (changed: its old state, None = yes)
         - load updates alone refresh the snapshot without a new version."""
+        if member.name not in self._members:
+            return   # removed while its probe was under way
         self._members[member.name] = member
         if changed is None or changed is not member.state:
             self._version += 1
@@ -194,4 +240,4 @@ class NodeSupervisor:
 
     def _build(self) -> Membership:
         return Membership(self._version, tuple(self._members.values()), self.conductor, self._conductor_state,
-                          self._conductor_incarnation)
+                          self._conductor_incarnation, self.autoscale_status)

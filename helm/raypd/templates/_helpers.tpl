@@ -61,6 +61,32 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $n -}}
 {{- end -}}
 
+{{/* A role's node range for --autoscale, "MIN:MAX": its enabled groups' minReplicas and maxReplicas summed (one node per pod). */}}
+{{- define "raypd.roleRange" -}}
+{{- $root := index . 0 -}}
+{{- $roles := index . 1 -}}
+{{- $min := 0 -}}{{- $max := 0 -}}
+{{- range $name, $g := $root.Values.workerGroups -}}
+{{- if and $g.enabled (has $g.role $roles) -}}
+{{- $r := int $g.replicas -}}
+{{- $min = add $min (ternary $r (int $g.minReplicas) (kindIs "invalid" $g.minReplicas)) -}}
+{{- $max = add $max (ternary $r (int $g.maxReplicas) (kindIs "invalid" $g.maxReplicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- printf "%d:%d" $min $max -}}
+{{- end -}}
+
+{{/* The --autoscale value: a range per scaled role (flex: prefill and decode groups together with serve.adaptive). */}}
+{{- define "raypd.autoscaleRanges" -}}
+{{- if gt (include "raypd.roleNodes" (list . "mixed") | int) 0 -}}
+{{- printf "mixed=%s" (include "raypd.roleRange" (list . (list "mixed"))) -}}
+{{- else if .Values.serve.adaptive -}}
+{{- printf "flex=%s" (include "raypd.roleRange" (list . (list "prefill" "decode"))) -}}
+{{- else -}}
+{{- printf "prefill=%s,decode=%s" (include "raypd.roleRange" (list . (list "prefill"))) (include "raypd.roleRange" (list . (list "decode"))) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Guards that the values schema cannot express. Included once, from rayservice.yaml. */}}
 {{- define "raypd.validate" -}}
 {{- $p := include "raypd.roleNodes" (list . "prefill") | int -}}
@@ -119,6 +145,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.model.path (ne $vol.type "none") (not (hasPrefix $vol.mountPath .Values.model.path)) -}}
 {{- fail (printf "model.path %q is not under the model volume's mountPath %q" .Values.model.path $vol.mountPath) -}}
 {{- end -}}
+{{- with .Values.serve.autoscale -}}{{- if and .enabled (or (kindIs "invalid" .ttft) (kindIs "invalid" .tpot)) -}}
+{{- fail "serve.autoscale.enabled needs the SLO it scales for: serve.autoscale.ttft and serve.autoscale.tpot (seconds)" -}}
+{{- end -}}{{- end -}}
 {{- if ge (int .Values.ports.metrics) 10002 -}}
 {{- fail (printf "ports.metrics=%d is inside Ray's worker port range (10002 and up); pick a lower port such as 8080" (int .Values.ports.metrics)) -}}
 {{- end -}}
@@ -170,6 +199,14 @@ rewritten to the installed one, since a top-level `cluster` module no longer exi
 {{- if not (kindIs "invalid" .maxQueuedRequests) -}}{{- $_ := set $args "max_queued_requests" (int .maxQueuedRequests) -}}{{- end -}}
 {{- if not (kindIs "invalid" .maxWaitingRequests) -}}{{- $_ := set $engine "max_waiting_requests" (int .maxWaitingRequests) -}}{{- end -}}
 {{- end -}}
+{{- with .Values.serve.autoscale -}}{{- if .enabled -}}
+{{- $_ := set $args "autoscale" (include "raypd.autoscaleRanges" $) -}}
+{{- $_ := set $args "autoscale_ttft_s" (float64 .ttft) -}}
+{{- $_ := set $args "autoscale_tpot_s" (float64 .tpot) -}}
+{{- $_ := set $args "autoscale_attainment" (float64 .attainment) -}}
+{{- $_ := set $args "autoscale_window_s" (float64 .windowSeconds) -}}
+{{- with .options -}}{{- $_ := set $args "autoscale_options" . -}}{{- end -}}
+{{- end -}}{{- end -}}
 {{- if $engine -}}{{- $_ := set $args "engine_options" $engine -}}{{- end -}}
 {{- $args = merge $args (deepCopy .Values.serve.extraArgs) -}}
 {{- $importPath := .Values.serve.importPath -}}

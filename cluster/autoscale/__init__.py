@@ -1,0 +1,1 @@
+"""SLO-driven autoscaling of the node pool: what `raypd serve --autoscale` decides, pure and clock-free, for the NodePool to carry out (docs/architecture.md, cluster/)."""
