@@ -34,16 +34,13 @@ server failed or left processes; 2 for bad flags; 130 when interrupted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 from raypd.benchmarks.autoscale import server
 from raypd.benchmarks.autoscale.plan import PlanError, plan_phases
@@ -53,10 +50,10 @@ from raypd.benchmarks.autoscale.run import Measured, RunOptions, calibrate, load
 from raypd.benchmarks.serve.metrics import SLO
 from raypd.benchmarks.serve.plot import PlotUnavailable
 from raypd.benchmarks.serve.systems import LaunchError
+from raypd.benchmarks.server_runs.interrupts import Terminated, raise_terminated, run_async
 from raypd.benchmarks.tenants.capacity import Capacity, NoCapacity
 from raypd.benchmarks.tenants.report import write_json
 
-T = TypeVar("T")
 # Flags whose default depends on --short: (full run, --short).
 TIMED = {"warm": (60.0, 3.0), "step": (120.0, 6.0), "cool": (240.0, 6.0), "bucket": (10.0, 1.5),
          "probe_duration": (15.0, 3.0), "drain_timeout": (60.0, 30.0), "settle_timeout": (180.0, 30.0),
@@ -107,44 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", "--json", dest="out", type=Path, help="write the JSON run record here")
     r.add_argument("--plot", type=Path, help="write the picture here (default: the --out path with .png)")
     return p
-
-
-class _Terminated(BaseException):
-    pass
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run(coro)'s result, where SIGINT and SIGTERM cancel the run and then raise _Terminated
-    (tenants' run_async, returning the value). A Python signal handler that raises inside the event
-    loop ends whichever task it lands in (a request's), not the run; the loop's own handlers cancel the
-    main task, whose clean-up (cancelling open requests) then runs. The handlers before are put back."""
-    caught: list[int] = []
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    async def guarded() -> T:
-        loop, task = asyncio.get_running_loop(), asyncio.current_task()
-        assert task is not None
-        def cancel(sig: int) -> None:
-            caught.append(sig)
-            task.cancel()
-
-        for sig in before:
-            loop.add_signal_handler(sig, cancel, sig)
-        return await coro
-
-    try:
-        return asyncio.run(guarded())
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-        raise _Terminated() from None
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def resolve(args: argparse.Namespace) -> None:
@@ -232,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     measured: Measured | None = None
     base_rate = args.base_rate
     phases = []
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     status = 0
     try:
         if base_rate is None:
@@ -248,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raypd bench autoscale: error: {e}", file=sys.stderr)
         notes.append(f"the run stopped early: {e}")
         status = 1
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, Terminated):
         print("raypd bench autoscale: interrupted; the servers were stopped", file=sys.stderr)
         notes.append("interrupted")
         status = 130

@@ -24,7 +24,6 @@ say (they are in the JSON and the table); 1 when a server failed or left process
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shlex
 import signal
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from raypd.benchmarks.serve.metrics import SLO
 from raypd.benchmarks.serve.systems import LaunchError
+from raypd.benchmarks.server_runs.interrupts import Terminated, raise_terminated, run_async
 from raypd.benchmarks.tenants import server
 from raypd.benchmarks.tenants.capacity import NoCapacity
 from raypd.benchmarks.tenants.figures import comparisons
@@ -81,40 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-dir", type=Path, help="where the servers log (default: a temporary folder)")
     r.add_argument("--json", type=Path, help="write the report here")
     return p
-
-
-class _Terminated(BaseException):
-    pass
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
-
-
-def run_async(coro) -> None:
-    """asyncio.run(coro), where SIGINT and SIGTERM cancel the run and then raise _Terminated. A Python
-    signal handler that raises inside the event loop ends whichever task it lands in (a request's),
-    not the run; the loop's own handlers cancel the main task, whose clean-up (cancelling open
-    requests) then runs. The handlers in place before are put back afterwards."""
-    caught: list[int] = []
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    async def guarded():
-        loop, task = asyncio.get_running_loop(), asyncio.current_task()
-        assert task is not None
-        for sig in before:
-            loop.add_signal_handler(sig, lambda sig=sig: (caught.append(sig), task.cancel()))
-        await coro
-
-    try:
-        asyncio.run(guarded())
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-        raise _Terminated() from None
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def check_args(args) -> None:
@@ -173,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(options(args), src)
     servers: list[dict] = []
     notes: list[str] = []
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     status = 0
     try:
         for fairness in (True, False):
@@ -183,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raypd bench tenants: error: {e}", file=sys.stderr)
         notes.append(f"the run stopped early: {e}")
         status = 1
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, Terminated):
         print("raypd bench tenants: interrupted; the servers were stopped", file=sys.stderr)
         notes.append("interrupted")
         status = 130

@@ -4,10 +4,6 @@ status 2 before anything starts, the servers' commands (calibration, autoscaling
 and a signal during the event loop ends the run after its clean-up."""
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-
 import pytest
 
 from raypd.benchmarks.autoscale import main as autoscale_main
@@ -72,29 +68,3 @@ def test_the_pool_comes_from_the_flags():
     pool = autoscale_main.pool_spec(parsed("--nodes", "2:4", "--slo-ttft", "1.5", "--autoscale-window", "15"))
     assert pool == PoolSpec(2, 4, 1.5, 0.25, 15.0, True, 0.9)
     assert not autoscale_main.pool_spec(parsed("--no-autoscale", "--base-rate", "1")).autoscale
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_during_the_run_cancels_it_cleans_up_and_ends_it(sig):
-    """Not swallowed by whichever request task it lands in: the run's clean-up runs, then _Terminated."""
-    cleaned = []
-
-    async def run():
-        try:
-            os.kill(os.getpid(), sig)
-            await asyncio.sleep(30)
-        finally:
-            await asyncio.sleep(0)  # the clean-up may still await (cancelling open requests)
-            cleaned.append(True)
-
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(autoscale_main._Terminated):
-        autoscale_main.run_async(run())
-    assert cleaned == [True]
-    assert signal.getsignal(signal.SIGTERM) is before  # the handlers in place before are back
-
-
-def test_the_run_s_value_comes_back():
-    async def run():
-        return 42
-    assert autoscale_main.run_async(run()) == 42

@@ -4,10 +4,6 @@ servers' commands: the same flags, the second with --no-tenant-fairness; a signa
 event loop stops the run after its clean-up."""
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-
 import pytest
 
 from raypd.benchmarks.tenants import main as tenants_main
@@ -40,23 +36,3 @@ def test_both_servers_get_the_same_flags_and_only_the_second_turns_fairness_off(
     assert unfair[-1] == "--no-tenant-fairness"
     assert [a for a in unfair[:-1] if a not in ("18000", "18001")] == [a for a in fair if a not in ("18000", "18001")]
     assert fair[fair.index("--host") + 1] == "127.0.0.1"
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_during_the_run_cancels_it_cleans_up_and_ends_it(sig):
-    """Not swallowed by whichever request task it lands in: the run's clean-up runs, then _Terminated."""
-    cleaned = []
-
-    async def phase():
-        try:
-            os.kill(os.getpid(), sig)
-            await asyncio.sleep(30)
-        finally:
-            await asyncio.sleep(0)  # the clean-up may still await (cancelling open requests)
-            cleaned.append(True)
-
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(tenants_main._Terminated):
-        tenants_main.run_async(phase())
-    assert cleaned == [True]
-    assert signal.getsignal(signal.SIGTERM) is before  # the handlers in place before are back

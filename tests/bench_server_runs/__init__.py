@@ -1,0 +1,1 @@
+"""The pieces benchmarks that start `raypd serve` share (benchmarks/server_runs/)."""
