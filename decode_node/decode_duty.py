@@ -128,15 +128,16 @@ class DecodeDuty:
                     f"for KV memory (priority, then tenant share) and took its place (max_waiting_requests)")
         self._end(dr)
 
-    def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
+    def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
         dr = self.requests.get(request_id)
         if dr is None or dr.aborting:
-            return
+            return dr is not None
         if dr.phase == P.TRANSFER:
             self.transfer.abort(dr)  # ends once the room is terminal
-            return
+            return True
         (self.prealloc if dr.phase == P.PREALLOC else self.running).abort(dr)
         self._end(dr)
+        return True
 
     def tick(self) -> bool:
         if self.prealloc:

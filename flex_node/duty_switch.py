@@ -68,10 +68,10 @@ class DutySwitch:
         if not self.duty.settled:
             self._settle()
 
-    def abort(self, request_id: str, reason: str) -> None:
+    def abort(self, request_id: str, reason: str) -> bool:
         """Abort the request in whichever duty holds it (a no-op in the other)."""
-        self.prefill.abort(request_id, reason)
-        self.decode.abort(request_id, reason)
+        held_for_prefill = self.prefill.abort(request_id, reason)
+        return self.decode.abort(request_id, reason) or held_for_prefill
 
     def load(self) -> DutyLoad:
         both = self.prefill.load() + self.decode.load()

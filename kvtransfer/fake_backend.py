@@ -115,6 +115,11 @@ class FakeBackend(TransferBackend):
         return (w is not None and w.peer == writer and all(int(b) in w.blocks for b in np.asarray(blocks).tolist())
                 and (aux is None or aux == w.aux))
 
+    @property
+    def num_held(self) -> int:
+        """Writes posted and held now (`hold_writes`): a test waits for its write to be posted."""
+        return len(self._held)
+
     def complete_held(self) -> int:
         held, self._held = self._held, []
         for _, land in held:

@@ -37,7 +37,7 @@ class InjectedCrash(RuntimeError):
 class EngineLoop:
     def __init__(self, engine: LLMEngine, tick: Callable[[], bool], on_outputs: Callable[[list[StepOutput]], None],
                  on_crash: Callable[[BaseException], None], name: str,
-                 busy_poll_s: float = 0.0005, idle_poll_s: float = 0.05):
+                 busy_poll_s: float = 0.0005, idle_poll_s: float = 0.05, blocked_poll_s: float = 0.005):
         self.engine = engine
         self._tick = tick
         self._on_outputs = on_outputs
@@ -46,6 +46,10 @@ class EngineLoop:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._busy_poll_s, self._idle_poll_s = busy_poll_s, idle_poll_s
+        # Waiting requests that the last step could not schedule: a call, a tick or a finished step of
+        # the engine's own (overlap) may free room soon, so look again sooner than when idle.
+        self._blocked_poll_s = blocked_poll_s
+        self.num_empty_steps = 0  # steps that scheduled nothing and returned nothing (not in the averages)
         self.crashed: BaseException | None = None
         self._crash_requested: str | None = None
         # Moving averages the load report and the Conductor's prefill-time model use.
@@ -104,12 +108,17 @@ class EngineLoop:
                     raise InjectedCrash(self._crash_requested)
                 self._run_calls()
                 busy = self._tick()
-                if self.engine.has_unfinished():
-                    self._step()
-                else:
-                    self._turn_began = None
-                    self._wake.wait(self._busy_poll_s if busy else self._idle_poll_s)
-                    self._wake.clear()
+                if self.engine.has_unfinished() and self._step():
+                    continue
+                # Nothing to run, or nothing could run (waiting requests the pool has no room for, while
+                # the blocks they need are held by transfers or reservations): wait for a call or for
+                # the next poll instead of spinning through empty steps, which would take a core from
+                # the node's own transfers and from every other process on the machine.
+                self._turn_began = None
+                wait_s = self._busy_poll_s if busy else \
+                    (self._blocked_poll_s if self.engine.has_unfinished() else self._idle_poll_s)
+                self._wake.wait(wait_s)
+                self._wake.clear()
         except BaseException as e:  # noqa: BLE001 - the node must tell every caller, not die silently
             log.exception("engine thread crashed")
             self.crashed = e
@@ -129,11 +138,17 @@ class EngineLoop:
             except Exception as e:  # the caller gets it; the loop goes on
                 fut.set_exception(e)
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; False when it scheduled nothing and returned nothing (then it is not a step
+        of the load report's counters and averages: an empty step's ~0 s would drag the step time the
+        Conductor and the pool's scaler read toward zero while requests wait)."""
         t0 = time.perf_counter()
         outputs = self.engine.step()
         dt = time.perf_counter() - t0
         tokens = self.engine.last_step_tokens
+        if not tokens and not outputs:
+            self.num_empty_steps += 1
+            return False
         self.num_steps += 1
         self.step_s_total += dt
         a = 0.2
@@ -141,6 +156,7 @@ class EngineLoop:
         if tokens and dt > 0:
             self.tokens_per_s = tokens / dt if not self.tokens_per_s else (1 - a) * self.tokens_per_s + a * tokens / dt
         self._on_outputs(outputs)
+        return True
 
     def _fail_pending_calls(self, e: BaseException) -> None:
         while True:

@@ -81,12 +81,14 @@ class MixedDuty:
                                               f"one in its queue (priority, then tenant share) and took its place "
                                               f"(max_waiting_requests)"))
 
-    def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
-        if request_id in self.core.engine.requests:
-            self.core.engine.abort(request_id)
-            self._arrived.pop(request_id, None)
-            self._first_token.pop(request_id, None)
-            self.core.streams.push(TokenChunk(request_id, (), finished=True, finish_reason="abort"))
+    def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
+        if request_id not in self.core.engine.requests:
+            return False
+        self.core.engine.abort(request_id)
+        self._arrived.pop(request_id, None)
+        self._first_token.pop(request_id, None)
+        self.core.streams.push(TokenChunk(request_id, (), finished=True, finish_reason="abort"))
+        return True
 
     def tick(self) -> bool:
         return False  # nothing outside the engine to advance

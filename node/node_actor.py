@@ -32,7 +32,8 @@ class NodeActor:
         return self.core.info(**self.duty.ready_info())
 
     async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
-        await self.core.call(self.duty.abort, request_id, reason)
+        """End the request; one that has not arrived yet is refused when it does (EarlyAborts)."""
+        await self.core.call(self._abort, request_id, reason)
 
     async def load_report(self) -> LoadReport:
         """The engine's load now (asked on the engine thread: it waits for the current step)."""
@@ -82,6 +83,10 @@ class NodeActor:
     # -- engine thread ----------------------------------------------------------------------------
     def _load_report(self) -> LoadReport:
         return self.core.load_report(self.duty.load(), stats=self.duty.role_stats())
+
+    def _abort(self, request_id: str, reason: str) -> None:
+        if not self.duty.abort(request_id, reason):
+            self.core.early_aborts.remember(request_id, reason)
 
     def _stats(self) -> dict:
         return self.core.stats(**self.duty.role_stats())

@@ -33,6 +33,7 @@ from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.node.conductor_link import ConductorLink, LinkedNode
+from raypd.node.early_aborts import EarlyAborts
 from raypd.node.engine_loop import EngineLoop, NodeCrashedError
 from raypd.node.gpu_assignment import GpuAssignment, node_device
 from raypd.node.host import host_info
@@ -79,6 +80,7 @@ class NodeCore:
         # without one the node talks only to its own process (one-process tests).
         self.secret = data_plane_secret or process_secret()
         self.streams = TokenStreams(self.secret)
+        self.early_aborts = EarlyAborts()   # engine thread: aborts that came before their request
         self.host = host_info()
         self.started_at = time.time()
         self.instance_id = secrets.token_hex(8)  # new for every incarnation of the actor (Ray restarts)
@@ -153,7 +155,7 @@ class NodeCore:
         return failed
 
     async def stream(self, req: NodeRequest, add: Callable[[NodeRequest], None],
-                     abort: Callable[[str, str], None]) -> StreamEnd:
+                     abort: Callable[[str, str], object]) -> StreamEnd:
         """Open the request's token stream to req.reply_address, add(req) on the engine thread, and
         return once the request ended, however it ended. Cancelling the call aborts the request."""
         reply = Reply()
@@ -232,7 +234,9 @@ class NodeCore:
 
     def stats(self, **extra: Any) -> dict:
         return {"name": self.name, "role": self.role, **self.engine.stats(),
-                "stream_messages": self.streams.num_messages, "stream_dropped": self.streams.num_dropped, **extra}
+                "stream_messages": self.streams.num_messages, "stream_dropped": self.streams.num_dropped,
+                "early_aborts": {"remembered": len(self.early_aborts), "refused": self.early_aborts.num_refused},
+                **extra}
 
     def check_idle(self, **extra: Any) -> dict:
         """Assert the engine's block accounting adds up; what is still held (zeros when idle)."""
@@ -252,6 +256,9 @@ class NodeCore:
 
     def _open_stream(self, req: NodeRequest, reply: Reply, add: Callable[[NodeRequest], None]) -> None:
         if not self.streams.open(req.request_id, req.reply_address, reply):
+            return
+        if self.early_aborts.take(req.request_id) is not None:   # ended before it began: nothing to run
+            self.streams.push(TokenChunk(req.request_id, (), finished=True, finish_reason="abort"))
             return
         if self._failures_to_inject > 0:
             self._failures_to_inject -= 1

@@ -47,8 +47,9 @@ class NodeDuty(Protocol):
         """Deliver a step's outputs; a duty takes only those of requests it holds (engine thread)."""
         ...
 
-    def abort(self, request_id: str, reason: str) -> None:
-        """End the request if this duty holds it; a no-op otherwise (engine thread)."""
+    def abort(self, request_id: str, reason: str) -> bool:
+        """End the request if this duty holds it; a no-op otherwise. True when it held the request,
+        ending now or already (engine thread)."""
         ...
 
     def load(self) -> DutyLoad: ...

@@ -15,6 +15,8 @@ node knows the same id).
                 decode side)
     abort(request_id): the stage holding the request aborts its room (WaitingStage also frees the
                        engine request at once); the request ends when the room is terminal, error "aborted ..."
+                       An abort that came before its request (node/early_aborts.py): the request is
+                       answered at once with the abort's reason, no room opened.
     The first token goes to the caller as WaitingStage hands the request on, before its KV leaves
     (NodeRequest.early_first_token), unless it ends the request.
 
@@ -36,6 +38,7 @@ from raypd.node.node_duty import DutyLoad
 from raypd.node.streams import Reply
 from raypd.prefill_node.bootstrap_stage import BootstrapStage
 from raypd.prefill_node.inflight_stage import InflightStage
+from raypd.prefill_node.kv_write_log import KVWriteLog
 from raypd.prefill_node.prefill_request import PrefillPhase, PrefillRequest
 from raypd.prefill_node.prefix_copy import PrefixCopies
 from raypd.prefill_node.waiting_stage import WaitingStage
@@ -69,6 +72,7 @@ class PrefillDuty:
             P.BOOTSTRAP: self.bootstrap, P.WAITING: self.waiting, P.INFLIGHT: self.inflight}
         self.requests: dict[str, PrefillRequest] = {}  # every request on the node, whichever its stage
         self.num_completed = 0
+        self.kv_writes = KVWriteLog()  # recent requests' KV write times, for stats()
         self.num_failed = 0
         # Back-pressure: while the engine's last step left this many waiting (no prefill slot or no
         # memory for them), the next request is refused at once (HTTP 429 at the ingress). Requests
@@ -114,6 +118,9 @@ class PrefillDuty:
         if rid in self.requests:
             reply.set(PrefillResult(rid, False, f"request id {rid!r} is already on this node", no_room=True))
             return
+        if (reason := self.core.early_aborts.take(rid)) is not None:
+            reply.set(PrefillResult(rid, False, reason, no_room=True))
+            return
         waiting = self.core.engine.num_backlogged()
         displaced = None
         if waiting >= self.max_waiting:
@@ -143,10 +150,11 @@ class PrefillDuty:
         self.waiting.abort(pr, f"prefill node {self.name} is full: request {by!r} ranks before this one in its "
                                f"queue (priority, then tenant share) and took its place (max_waiting_requests)")
 
-    def abort(self, request_id: str, reason: str) -> None:
+    def abort(self, request_id: str, reason: str) -> bool:
         pr = self.requests.get(request_id)
         if pr is not None and not pr.aborting:
             self._stages[pr.phase].abort(pr, reason)
+        return pr is not None
 
     def tick(self) -> bool:
         if self.bootstrap:
@@ -192,12 +200,14 @@ class PrefillDuty:
         for pr in ended:
             del self.requests[pr.request_id]
             pr.t["ended"] = now
+            timings = pr.timings()
             if pr.error is None:
                 self.num_completed += 1
+                self.kv_writes.record(pr.request_id, timings)
             elif not pr.overloaded:  # a displaced request is counted as refused (_displace), not as failed
                 self.num_failed += 1
             pr.reply.set(PrefillResult(pr.request_id, pr.error is None, pr.error, pr.num_cached_tokens,
-                                       pr.timings(), overloaded=pr.overloaded))
+                                       timings, overloaded=pr.overloaded))
 
     # -- load and introspection ---------------------------------------------------------------------------
     def load(self) -> DutyLoad:
@@ -213,7 +223,8 @@ class PrefillDuty:
         c = self.copies
         return {"queues": queues, "completed": self.num_completed, "failed": self.num_failed,
                 "refused": self.num_refused, "displaced": self.num_displaced, "transfer": asdict(self.sender.stats()),
-                "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed}}
+                "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed},
+                "kv_writes": self.kv_writes.stats()}
 
     def still_held(self) -> dict[str, int]:
         """Rooms, endpoint rooms, prefix copies and aux slots in use (zeros when idle)."""

@@ -181,6 +181,17 @@ def block_accounting_adds_up():
         assert acc.held == 0 and acc.free + acc.cached == acc.total, acc
 
 
+@pytest.fixture(scope="module")
+def sink():
+    """The caller's end of the token streams (tests/node/pd.py's TokenSink: a PULL socket whose
+    address goes in NodeRequest.reply_address), one per test module."""
+    from tests.node.pd import TokenSink
+
+    s = TokenSink()
+    yield s
+    s.close()
+
+
 @pytest.fixture(autouse=True)
 def one_process_tests_start_no_ray(request):
     """`pytest -m "not cluster"` is the fast one-process tier: a test that starts Ray must say so."""
@@ -209,7 +220,8 @@ RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_soak/test_soak
             "tests/bench_tenants/test_tenants_short.py", "tests/pool_scaling/test_autoscale_serve.py",
             "tests/bench_autoscale/test_autoscale_short.py",
             "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py",
-            "tests/lab/test_host_faults.py"}
+            "tests/lab/test_host_faults.py", "tests/bench_links/test_links_lab.py",
+            "tests/lab/test_ray_up_local.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group

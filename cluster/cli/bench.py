@@ -16,6 +16,8 @@
                                             time after the step, requests lost while the pool shrinks
     raypd bench pd --json out.json          PD (1 prefill + 1 decode) vs 2 mixed nodes
     raypd bench transfer --json out.json    KV transfer bandwidth and handoff latency (nixl, tcp)
+    raypd bench links --out topology.yaml   on a running cluster: KV transfer bandwidth and latency between
+                                            every pair of Ray nodes, and the topology file raypd serve --topology reads
     raypd bench engine --json out.json      single-engine throughput vs transformers (and llama.cpp's
                                             server: --systems raypd,hf,llamacpp)
     raypd bench parity --device cuda        greedy tokens against transformers on tiny checkpoints of every
@@ -40,12 +42,12 @@ BENCHMARKS = {"pd": "raypd.benchmarks.pd_vs_mixed", "transfer": "raypd.benchmark
               "conductor-failover": "raypd.benchmarks.conductor_failover", "soak": "raypd.benchmarks.soak.main",
               "hostile": "raypd.benchmarks.ingress_hostile", "gpu-smoke": "raypd.benchmarks.gpu_smoke",
               "parity": "raypd.benchmarks.family_parity", "tenants": "raypd.benchmarks.tenants.main",
-              "autoscale": "raypd.benchmarks.autoscale.main"}
+              "autoscale": "raypd.benchmarks.autoscale.main", "links": "raypd.benchmarks.links.main"}
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, tenants, autoscale, pd, transfer, engine, "
-                                     "routing, conductor, streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("bench", help="run a benchmark (serve, chaos, soak, tenants, autoscale, pd, transfer, links, "
+                                     "engine, routing, conductor, streaming)", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see raypd bench NAME --help)")
     p.set_defaults(run=run_bench)

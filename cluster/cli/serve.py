@@ -187,6 +187,18 @@ def check_port_free(host: str, port: int) -> None:
             raise ServeStartError(f"{host}:{port} {reason}; pick another with --port") from None
 
 
+def check_serve_http(host: str, port: int, running) -> None:
+    """Serve fixes its HTTP proxies' host and port when it first starts on a Ray cluster and ignores
+    them afterwards (with a warning in Serve's log only). Joining a cluster whose Serve already runs
+    elsewhere, this raypd would print an endpoint nobody listens on: fail, naming the one in use.
+    `running`: the running Serve's HTTPOptions."""
+    if (running.host, running.port) != (host, port):
+        raise ServeStartError(
+            f"Serve already runs on this Ray cluster with its HTTP endpoint on {running.host}:{running.port}, "
+            f"and keeps it for as long as it runs: pass --host {running.host} --port {running.port}, or stop "
+            f"Serve first (`serve shutdown`)")
+
+
 def check_metrics_port(port: int | None) -> None:
     # Ray gives workers ports 10002-19999; an export port in that range makes Ray fail to start.
     if port is not None and not (0 < port < 10002 or 19999 < port < 65536):
@@ -253,6 +265,11 @@ class Server:
                 raise ServeStartError(str(e)) from None
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(http_options={"host": self.args.host, "port": self.args.port})
+        # The controller's own HTTP options (Ray has no public getter): those of the Serve now running.
+        from ray.serve.context import _get_global_client
+        client = _get_global_client()
+        if client is not None:   # serve.start() just connected it; None would mean Serve changed this
+            check_serve_http(self.args.host, self.args.port, client.http_config)
         nodes = self.config.prefill_nodes + self.config.decode_nodes + self.config.mixed_nodes
         log.info("starting %d node(s) and %d ingress replica(s) ...", nodes, self.config.ingress_replicas)
         try:

@@ -53,13 +53,6 @@ def cluster():
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def sink():
-    s = TokenSink()
-    yield s
-    s.close()
-
-
 def node(cluster, name):
     return next(n for n in cluster.nodes if n.name == f"raypd-{name}")
 

@@ -12,6 +12,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "raypd"
 CLUSTER_YAML = REPO / "cluster" / "cluster.yaml"
+CLUSTER_LOCAL_YAML = REPO / "cluster" / "cluster.local.yaml"
 
 
 @dataclass

@@ -194,6 +194,7 @@ def test_abort_while_the_prefill_waits_in_the_engine(nodes, sink, who):
         prefill.duty.sender.backend.hold_writes = True  # type: ignore[attr-defined]
         held = [asyncio.ensure_future(c) for c in (prefill.prefill(holder), decode.generate(holder))]
         await wait_queue(prefill, "inflight", 1)
+        await wait_held_write(prefill)
         waiting = [asyncio.ensure_future(c) for c in (prefill.prefill(waiter), decode.generate(waiter))]
         await wait_queue(prefill, "queued", 1)
         stats, load = await prefill.stats(), await prefill.load_report()
@@ -232,6 +233,7 @@ def test_abort_while_the_kv_is_in_flight(nodes, sink, who, revocable):
         both = [asyncio.ensure_future(c) for c in (prefill.prefill(req), decode.generate(req))]
         await wait_queue(prefill, "inflight", 1)
         await wait_queue(decode, "transfer", 1)
+        await wait_held_write(prefill)   # posted: on a busy machine the sender's loop may lag the queues
         before = decode.core.engine.kv_cache.pool.clone()
         refused = decode.duty.receiver.backend.num_refused  # type: ignore[attr-defined]
         if who == "prefill":  # the client went away: like the driver, abort on both sides
@@ -257,6 +259,15 @@ def test_abort_while_the_kv_is_in_flight(nodes, sink, who, revocable):
     assert not res.ok and res.error == ("aborted by the client" if who == "prefill"
                                         else "aborted by the receiver: aborted by the client")
     assert end.final.finish_reason == "abort" and not stream_tokens(sink, end)
+
+
+async def wait_held_write(prefill) -> None:
+    """Until the prefill node's write is posted and held by the fake backend."""
+    backend = prefill.duty.sender.backend
+
+    async def held() -> int:
+        return backend.num_held
+    await wait_until_async(held, lambda n: n == 1)
 
 
 async def wait_until_async(read, ok, timeout_s: float = 20.0):

@@ -41,3 +41,37 @@ def test_every_step_is_counted_once_with_its_wall_time():
         assert 5 * 0.02 <= loop.step_s_total < 5 * 0.02 + 1.0
     finally:
         loop.stop()
+
+
+class BlockedEngine:
+    """Has a waiting request it never has room to schedule: every step is empty."""
+
+    def __init__(self):
+        self.last_step_tokens = 0
+        self.steps_asked = 0
+
+    def has_unfinished(self) -> bool:
+        return True
+
+    def step(self) -> list:
+        self.steps_asked += 1
+        return []
+
+
+def test_a_step_that_runs_nothing_is_not_a_step_and_the_loop_waits_instead_of_spinning():
+    """Requests wait for blocks that transfers hold: the loop looks again every blocked poll (5 ms) or
+    at a call, rather than spinning through empty steps; the load report's counters skip them."""
+    engine = BlockedEngine()
+    loop = EngineLoop(engine, tick=lambda: False, on_outputs=lambda outputs: None,  # type: ignore[arg-type]
+                      on_crash=lambda e: None, name="blocked")
+    loop.start()
+    try:
+        time.sleep(0.5)
+        asked, empty = loop.call(lambda: (engine.steps_asked, loop.num_empty_steps)).result(10)
+        # A spinning loop asks tens of thousands of times in half a second; one that waits 5 ms between
+        # looks, at most ~100 (a call or two wake it early).
+        assert 1 <= asked <= 200, asked
+        assert (loop.num_steps, loop.step_s_total, loop.step_time_s) == (0, 0.0, 0.0)
+        assert empty == asked
+    finally:
+        loop.stop()

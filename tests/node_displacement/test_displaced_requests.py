@@ -35,7 +35,6 @@ from tests.node.pd import (
     GREEDY,
     PATIENT,
     WAIT_S,
-    TokenSink,
     assert_idle,
     prompt,
     request,
@@ -46,13 +45,6 @@ from tests.node.pd import (
 
 BIG = 600  # tokens = 38 blocks: two do not fit in 64 (decode), one and a 3-block prompt not in 40 (prefill)
 URGENT = SamplingParams(max_tokens=6, temperature=0.0, priority=-1)
-
-
-@pytest.fixture(scope="module")
-def sink():
-    s = TokenSink()
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")
@@ -173,15 +165,18 @@ def test_a_request_displaced_from_the_prefill_queue_after_queueing_ends_as_refus
     p, d = handles(idle_pd, first)
     backend = prefill.duty.sender.backend
     big = request(prompt(BIG, 30000), GREEDY, prefill.duty.sender.bootstrap_address, sink.address)
+    # Ids of their own per case: the nodes outlive the case, and each remembers the aborts the driver
+    # sent after a request ended (node/early_aborts.py), which a reused id would meet.
+    victim_id, newcomer_id = f"victim-{first}", f"newcomer-{first}"
 
     def queued_with_destination() -> bool:   # engine thread: waits in the engine, decode side's blocks known
-        pr = prefill.duty.requests.get("victim")
+        pr = prefill.duty.requests.get(victim_id)
         return pr is not None and pr.phase == PrefillPhase.WAITING and prefill.core.engine.num_backlogged() == 1 \
             and prefill.duty.sender.destination(pr.room) is not None
 
     def holds_victim() -> tuple[bool, bool, bool]:
-        return ("victim" in prefill.duty.requests, "victim" in decode.duty.requests,
-                "victim" in decode.core.engine.reservations)
+        return (victim_id in prefill.duty.requests, victim_id in decode.duty.requests,
+                victim_id in decode.core.engine.reservations)
 
     async def main():
         before = await prefill.stats()
@@ -190,9 +185,9 @@ def test_a_request_displaced_from_the_prefill_queue_after_queueing_ends_as_refus
             try:
                 big_calls = [asyncio.ensure_future(prefill.prefill(big)), asyncio.ensure_future(decode.generate(big))]
                 await wait_queue(prefill, "inflight", 1)
-                victim = asyncio.ensure_future(chunks_of(driver, "victim", prompt(40, 40000), GREEDY, p, d))
+                victim = asyncio.ensure_future(chunks_of(driver, victim_id, prompt(40, 40000), GREEDY, p, d))
                 await until(lambda: prefill.core.call(queued_with_destination), "victim queued, its destination sent")
-                newcomer = asyncio.ensure_future(chunks_of(driver, "newcomer", prompt(20, 45000), URGENT, p, d))
+                newcomer = asyncio.ensure_future(chunks_of(driver, newcomer_id, prompt(20, 45000), URGENT, p, d))
                 victim_chunks = await victim
                 held = (await prefill.core.call(holds_victim)) + await decode.core.call(holds_victim)
             finally:

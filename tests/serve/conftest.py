@@ -182,7 +182,11 @@ def wait_nodes_idle(port: int, timeout_s: float = 30.0) -> list[dict]:
 @pytest.fixture(scope="package")
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "raypd-serve.log"
+    # 512 MB of KV per node (728 blocks: 11,648 tokens, more than the model's 8,192-token context) instead
+    # of the CPU default of 1 GiB: the pool's pages are touched at start, and the other xdist worker's
+    # Ray clusters share this machine's memory (Ray's OOM killer once took a node here at start-up).
     with ServerProcess.running(log_path, "--api-key", API_KEY, "--ingress-replicas", "2", "--no-dashboard",
+                               "--kv-cache-memory", "512",
                                "--max-body-bytes", str(MAX_BODY_BYTES), "--default-max-tokens", str(DEFAULT_MAX_TOKENS),
                                metrics_port=free_port_below_10002(), env=METRICS_ENV) as srv:
         yield srv

@@ -84,3 +84,15 @@ def test_app_builder_reads_serve_config_args(monkeypatch):
     assert cfg.cluster_spec().roles() == ["mixed", "mixed"]
     with pytest.raises(ServeConfigError, match="unknown raypd app args: prefil_nodes"):
         ServeConfig.from_args({"prefil_nodes": 1})
+
+
+def test_a_serve_already_running_elsewhere_on_the_cluster_is_named_not_ignored():
+    """Serve keeps the HTTP options it first started with; joining a cluster whose Serve listens
+    elsewhere, raypd serve fails naming that endpoint instead of printing one nobody listens on."""
+    from ray.serve.config import HTTPOptions
+
+    from raypd.cluster.cli.serve import ServeStartError, check_serve_http
+
+    check_serve_http("127.0.0.1", 8000, HTTPOptions(host="127.0.0.1", port=8000))
+    with pytest.raises(ServeStartError, match=r"HTTP endpoint on 127\.0\.0\.1:8001.*--host 127\.0\.0\.1 --port 8001"):
+        check_serve_http("127.0.0.1", 8000, HTTPOptions(host="127.0.0.1", port=8001))
