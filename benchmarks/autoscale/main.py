@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 import tempfile
 import time
@@ -50,7 +49,8 @@ from raypd.benchmarks.autoscale.run import Measured, RunOptions, calibrate, load
 from raypd.benchmarks.serve.metrics import SLO
 from raypd.benchmarks.serve.plot import PlotUnavailable
 from raypd.benchmarks.serve.systems import LaunchError
-from raypd.benchmarks.server_runs.interrupts import Terminated, raise_terminated, run_async
+from raypd.benchmarks.server_runs.interrupts import run_async
+from raypd.benchmarks.server_runs.outcome import server_runs
 from raypd.benchmarks.tenants.capacity import Capacity, NoCapacity
 from raypd.benchmarks.tenants.report import write_json
 
@@ -191,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     measured: Measured | None = None
     base_rate = args.base_rate
     phases = []
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    status = 0
-    try:
+    with server_runs("autoscale", servers, notes, (LaunchError, NoCapacity, PlanError)) as outcome:
         if base_rate is None:
             with server.started("calibration", pool, args.serve_args, log_dir, args.ready_timeout, servers.append,
                                 calibration=True) as launched:
@@ -203,21 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         label = "autoscale" if pool.autoscale else "fixed"
         with server.started(label, pool, args.serve_args, log_dir, args.ready_timeout, servers.append) as launched:
             measured = run_async(load_step(o, launched.port, phases, least))
-    except (LaunchError, NoCapacity, PlanError) as e:
-        print(f"raypd bench autoscale: error: {e}", file=sys.stderr)
-        notes.append(f"the run stopped early: {e}")
-        status = 1
-    except (KeyboardInterrupt, Terminated):
-        print("raypd bench autoscale: interrupted; the servers were stopped", file=sys.stderr)
-        notes.append("interrupted")
-        status = 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    left = [pid for s in servers for pid in s["processes_left_after"]]
-    if left:
-        print(f"raypd bench autoscale: processes of the servers still alive: {left}", file=sys.stderr)
-        notes.append(f"processes of the servers were still alive after stopping them: {left}")
-        status = status or 1
+    status = outcome.status
     if measured is None or base_rate is None:
         return status
     report = build_report(run_config(args, argv), capacity, base_rate, phases, measured,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 import tempfile
 import time
@@ -34,7 +33,8 @@ from pathlib import Path
 
 from raypd.benchmarks.serve.metrics import SLO
 from raypd.benchmarks.serve.systems import LaunchError
-from raypd.benchmarks.server_runs.interrupts import Terminated, raise_terminated, run_async
+from raypd.benchmarks.server_runs.interrupts import run_async
+from raypd.benchmarks.server_runs.outcome import server_runs
 from raypd.benchmarks.tenants import server
 from raypd.benchmarks.tenants.capacity import NoCapacity
 from raypd.benchmarks.tenants.figures import comparisons
@@ -139,27 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(options(args), src)
     servers: list[dict] = []
     notes: list[str] = []
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    status = 0
-    try:
+    with server_runs("tenants", servers, notes, (LaunchError, NoCapacity, PlanError)) as outcome:
         for fairness in (True, False):
             with server.started(fairness, args.serve_args, log_dir, args.ready_timeout, servers.append) as launched:
                 run_async(on_server(run, launched.port, fairness))
-    except (LaunchError, NoCapacity, PlanError) as e:
-        print(f"raypd bench tenants: error: {e}", file=sys.stderr)
-        notes.append(f"the run stopped early: {e}")
-        status = 1
-    except (KeyboardInterrupt, Terminated):
-        print("raypd bench tenants: interrupted; the servers were stopped", file=sys.stderr)
-        notes.append("interrupted")
-        status = 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    left = [pid for s in servers for pid in s["processes_left_after"]]
-    if left:
-        print(f"raypd bench tenants: processes of the servers still alive: {left}", file=sys.stderr)
-        notes.append(f"processes of the servers were still alive after stopping them: {left}")
-        status = status or 1
+    status = outcome.status
     if run.phases:
         report = build_report(run, run_config(args, argv), servers, notes)
         print(format_table(report))
