@@ -164,8 +164,8 @@ class KVSender(Endpoint):
             self._server.send(identity, schema.Error(f"unexpected {type(msg).__name__}"))
 
     def _on_register(self, identity: bytes, name: str, msg: schema.Register) -> None:
-        def refuse(why: str) -> None:
-            log.error("%s: refused registration of %s: %s", self.name, name, why)
+        def refuse(why: str, exc_info: bool = False) -> None:
+            log.error("%s: refused registration of %s: %s", self.name, name, why, exc_info=exc_info)
             self._server.send(identity, schema.Registered(self.name, False, why[:1000]))
 
         if msg.name != name:
@@ -179,7 +179,7 @@ class KVSender(Endpoint):
         try:
             info = self.backend.add_peer(msg.metadata)
         except Exception as e:  # bad metadata must not reach the loop
-            return refuse(f"{type(e).__name__}: {e}")
+            return refuse(f"{type(e).__name__}: {e}", exc_info=True)   # where in the backend it failed
         if info.name != name:
             self.backend.remove_peer(info.name)
             return refuse(f"metadata names {info.name!r}, not {name!r}")

@@ -52,6 +52,7 @@ class EngineLoop:
         self.num_empty_steps = 0  # steps that scheduled nothing and returned nothing (not in the averages)
         self.crashed: BaseException | None = None
         self._crash_requested: str | None = None
+        self._steps_held_until = 0.0  # monotonic; before it no step runs (hold_steps, a chaos hook)
         # Moving averages the load report and the Conductor's prefill-time model use.
         self.step_time_s = 0.0
         self.tokens_per_s = 0.0
@@ -84,6 +85,13 @@ class EngineLoop:
         self._crash_requested = reason
         self._wake.set()
 
+    def hold_steps(self, seconds: float) -> None:
+        """Run no engine step for the next `seconds` (0 ends a hold) while calls and ticks go on:
+        requests arrive, wait and abort, transfers move, probes answer. Chaos tests use it for a node
+        that is slow but alive, whatever the model's speed; nothing in serving calls it."""
+        self._steps_held_until = time.monotonic() + max(0.0, seconds)
+        self._wake.set()
+
     def stalled_s(self) -> float:
         """How long the current turn (calls, tick, step) has been running; 0 while it waits for work."""
         began = self._turn_began
@@ -108,7 +116,8 @@ class EngineLoop:
                     raise InjectedCrash(self._crash_requested)
                 self._run_calls()
                 busy = self._tick()
-                if self.engine.has_unfinished() and self._step():
+                held_s = self._steps_held_until - time.monotonic()
+                if held_s <= 0 and self.engine.has_unfinished() and self._step():
                     continue
                 # Nothing to run, or nothing could run (waiting requests the pool has no room for, while
                 # the blocks they need are held by transfers or reservations): wait for a call or for
@@ -117,7 +126,7 @@ class EngineLoop:
                 self._turn_began = None
                 wait_s = self._busy_poll_s if busy else \
                     (self._blocked_poll_s if self.engine.has_unfinished() else self._idle_poll_s)
-                self._wake.wait(wait_s)
+                self._wake.wait(min(wait_s, held_s) if held_s > 0 else wait_s)
                 self._wake.clear()
         except BaseException as e:  # noqa: BLE001 - the node must tell every caller, not die silently
             log.exception("engine thread crashed")

@@ -65,6 +65,12 @@ class NodeActor:
         self._check_chaos_hooks("crash_engine")
         self.core.crash_engine()
 
+    async def hold_steps(self, seconds: float) -> None:
+        """Chaos testing: this node runs no engine step for `seconds` while it stays up and answers
+        (NodeCore.hold_steps): a slow node on any model. ChaosHooksDisabled unless built with chaos_hooks."""
+        self._check_chaos_hooks("hold_steps")
+        self.core.hold_steps(seconds)
+
     async def fail_requests(self, n: int) -> int:
         """Chaos testing: fail the next n streamed requests at once, while the node stays up
         (NodeCore.fail_requests). ChaosHooksDisabled unless the node was built with chaos_hooks."""

@@ -70,9 +70,9 @@ class NodeCore:
         self._owns_process = assignment is not None
         self.name = name
         self.role = role
-        # The Ray-callable chaos hooks (crash_engine, fail_requests) answer only when the node was built
-        # with them (`raypd serve --chaos-hooks`, the chaos benchmark): in production a caller that
-        # reaches a node's actor handle must not be able to crash it or fail its requests.
+        # The Ray-callable chaos hooks (crash_engine, fail_requests, hold_steps) answer only when the node
+        # was built with them (`raypd serve --chaos-hooks`, the chaos benchmark): in production a caller
+        # that reaches a node's actor handle must not be able to crash it, fail or stall its requests.
         self.chaos_hooks = chaos_hooks
         self._kv_events: deque[KVEvent] = deque(maxlen=KV_EVENT_BUFFER)
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
@@ -142,6 +142,10 @@ class NodeCore:
     def crash_engine(self, reason: str = "injected engine crash") -> None:
         """Crash the engine thread for real (chaos tests); the node then fails as after any crash."""
         self.loop.inject_crash(reason)
+
+    def hold_steps(self, seconds: float) -> None:
+        """Run no engine step for `seconds`, the node otherwise up (EngineLoop.hold_steps; chaos tests)."""
+        self.loop.hold_steps(seconds)
 
     async def fail_requests(self, n: int) -> int:
         """Fail the next `n` streamed requests at once with an error final chunk, as a node whose

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raypd.benchmarks.chaos.workload import ChaosRequest
 
@@ -27,6 +27,9 @@ class Outcome:
     completion_tokens: int | None = None
     ttft_s: float | None = None
     e2e_s: float | None = None
+    response_id: str = ""       # the server's id of the response (raypd: the request id its routes carry)
+    chunk_s: list[float] = field(default_factory=list)   # when each piece of text arrived, from the send
+    ended_s: float | None = None  # when it ended, from the send, however it ended
 
     @property
     def ok(self) -> bool:
@@ -69,8 +72,9 @@ async def stream_one(client, model: str, req: ChaosRequest, timeout_s: float) ->
         raise
     except Exception as e:  # noqa: BLE001 - every failure is a result to count, not a crash
         out.reason, out.detail = failure_reason(e)
+        out.ended_s = time.perf_counter() - sent
         return out
-    out.e2e_s = time.perf_counter() - sent
+    out.e2e_s = out.ended_s = time.perf_counter() - sent
     if out.finish_reason is None:
         out.reason, out.detail = "incomplete", "the stream ended without a finish_reason"
     return out
@@ -81,13 +85,15 @@ async def _stream(client, model: str, req: ChaosRequest, out: Outcome, sent: flo
     stream = await create(**req.create_kwargs(model))
     try:
         async for chunk in stream:
+            out.response_id = out.response_id or (chunk.id or "")
             if chunk.usage is not None:
                 out.completion_tokens = chunk.usage.completion_tokens
             for choice in chunk.choices:
                 piece = choice.delta.content if req.endpoint == "chat" else choice.text
                 if piece:
+                    out.chunk_s.append(time.perf_counter() - sent)
                     if out.ttft_s is None:
-                        out.ttft_s = time.perf_counter() - sent
+                        out.ttft_s = out.chunk_s[0]
                     out.text += piece
                 if choice.finish_reason:
                     out.finish_reason = choice.finish_reason

@@ -34,6 +34,7 @@ class Readiness:
     status: str
     nodes: dict[str, Member] = field(default_factory=dict)   # by node name
     conductor: Member | None = None
+    duplicates: tuple[str, ...] = ()    # names listed more than once: a member counted twice
 
     def member(self, name: str, role: str) -> Member | None:
         return self.conductor if role == "conductor" else self.nodes.get(name)
@@ -44,12 +45,16 @@ def parse_ready(http_status: int, body: object) -> Readiness:
     if not isinstance(body, dict) or not isinstance(body.get("nodes"), list):
         raise ValueError(f"not a readiness body: {str(body)[:120]}")
     nodes = {}
+    duplicates = []
     for n in body["nodes"]:
         if not isinstance(n, dict) or not isinstance(n.get("name"), str):
             raise ValueError(f"a node entry without a name: {str(n)[:120]}")
+        if n["name"] in nodes:
+            duplicates.append(n["name"])
         nodes[n["name"]] = _member(n)
     c = body.get("conductor")
-    return Readiness(http_status, str(body.get("status")), nodes, _member(c) if isinstance(c, dict) else None)
+    return Readiness(http_status, str(body.get("status")), nodes, _member(c) if isinstance(c, dict) else None,
+                     tuple(sorted(set(duplicates))))
 
 
 def _member(entry: dict) -> Member:
@@ -67,6 +72,7 @@ class HealthMonitor:
         self.latest: Readiness | None = None
         self.latest_at = 0.0           # time.monotonic() when `latest` was read
         self.missing: str | None = None  # why readiness cannot be read, once it is known
+        self.duplicates_seen: dict[str, float] = {}  # a name listed twice -> when first seen so (monotonic)
 
     async def read(self) -> Readiness | None:
         try:
@@ -85,6 +91,8 @@ class HealthMonitor:
                 return None
             ready = Readiness(status, "unavailable")  # e.g. an error body with the 503
         self.latest, self.latest_at = ready, time.monotonic()
+        for name in ready.duplicates:
+            self.duplicates_seen.setdefault(name, self.latest_at)
         return ready
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -138,6 +146,20 @@ class HealthMonitor:
         while time.monotonic() < deadline and self.missing is None:
             m = self.latest.member(name, role) if self.latest is not None and self.latest_at > killed_at else None
             if m is not None and m.state == LIVE and m.incarnation > before and await probe():
+                return time.monotonic() - killed_at
+            await asyncio.sleep(self.interval_s)
+        return None
+
+    async def nodes_back_s(self, names: dict[str, int | None], since: float, killed_at: float, deadline: float,
+                           probe: Callable[[], Awaitable[bool]], newer: bool) -> float | None:
+        """Seconds from `killed_at` until every node in `names` (name -> incarnation before) is live in a
+        reading taken after `since` (with `newer`, in a higher incarnation than before) and a probe
+        completed after that; None if not by `deadline`. A host's nodes after a host kill or a partition."""
+        while time.monotonic() < deadline and self.missing is None:
+            r = self.latest if self.latest_at > since else None
+            if r is not None and all((m := r.nodes.get(name)) is not None and m.state == LIVE and (
+                    not newer or before is None or m.incarnation > before) for name, before in names.items()) \
+                    and await probe():
                 return time.monotonic() - killed_at
             await asyncio.sleep(self.interval_s)
         return None

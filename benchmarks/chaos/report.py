@@ -7,6 +7,8 @@ finish_reason), kills [{t_s, target, kind, role, pid, incarnation_before}], reco
 same order; null when it did not recover in time), blocks_held_after, ttft_p99_s, tpot_p99_s; then
 what explains them: kill_failures, reference {requests, failed, failed_by_reason}, mismatches (the
 first few), failure_examples {reason: detail}, nodes_after {held per node, errors}, notes, config.
+On the lab, host_events (host_events.py: per host kill or partition, the streams on the host and the
+way back); every run, verdict {ok, rules {completes, identical, nothing_held[, serves_again]}}.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from raypd.benchmarks.chaos.driver import Record
 from raypd.benchmarks.chaos.held_blocks import HeldAfter
+from raypd.benchmarks.chaos.host_events import host_events, unavailable, verdict
 from raypd.benchmarks.chaos.workload import ChaosRequest
 
 MAX_MISMATCHES = 5
@@ -57,12 +60,14 @@ def failures(records: list[Record]) -> tuple[dict[str, int], dict[str, str]]:
 
 def build_report(requests: list[ChaosRequest], reference: list[Record], chaos: list[Record], kills: list[dict],
                  recovery_s: list[float | None], kill_failures: list[dict], held: HeldAfter | None,
-                 notes: list[str], config: dict) -> dict:
+                 notes: list[str], config: dict, lab: dict | None = None) -> dict:
+    """`lab` (lab mode only): host_faults [HostFault.as_json()], routes [one per fault], recovery_s [one
+    per fault], host_roles {host: role}, end_s (the chaos run's length), duplicates {name: when}."""
     ok = [r for r in chaos if r.outcome.ok]
     by_reason, examples = failures(chaos)
     ref_by_reason, _ = failures(reference)
     cmp = compare(requests, reference, chaos)
-    return {
+    report = {
         "requests": len(chaos), "ok": len(ok), "failed": len(chaos) - len(ok), "failed_by_reason": by_reason,
         "availability": len(ok) / len(chaos) if chaos else None,
         "greedy_checked": cmp["greedy_checked"], "greedy_identical": cmp["greedy_identical"],
@@ -82,6 +87,13 @@ def build_report(requests: list[ChaosRequest], reference: list[Record], chaos: l
         "notes": notes,
         "config": config,
     }
+    lab = lab or {}
+    events = host_events(lab.get("host_faults", []), lab.get("routes", []), lab.get("recovery_s", []), chaos)
+    windows = unavailable(lab.get("host_faults", []), lab.get("host_roles", {}), lab.get("end_s", 0.0))
+    if lab:
+        report["host_events"] = events
+    report["verdict"] = verdict(report, chaos, windows, events, lab.get("duplicates", {}))
+    return report
 
 
 def write_json(path: Path, report: dict) -> None:
@@ -111,5 +123,20 @@ def format_table(report: dict) -> str:
                      f"{'never' if rec is None else f'after {rec:.1f}s'}")
     for f in report["kill_failures"]:
         lines.append(f"  t={f['t_s']:7.1f}s  {f['kind']:<12} {f['target'] or '-':<24} NOT DONE: {f['error']}")
+    for e in report.get("host_events", []):
+        streams = e["streams"]
+        back = [s["served_again_after_s"] for s in streams if s["served_again_after_s"] is not None]
+        lines.append(f"  t={e['t_s']:7.1f}s  {e['kind']:<12} {e['host']} ({e['role']}): nodes {sorted(e['nodes'])}, "
+                     f"{len(streams)} stream(s) on it ({sum(s['ok'] for s in streams)} ok), served again after "
+                     f"{_s(min(back)) if back else '-'}-{_s(max(back)) if back else '-'} s"
+                     + (f", nodes back {_s(e['nodes_back_after_restore_s'])} s after the link"
+                        if e["kind"] == "partition" else ""))
+    v = report.get("verdict")
+    if v is not None:
+        lines.append("verdict " + ("PASS" if v["ok"] else "FAIL") + ": " + ", ".join(
+            f"{name} {'ok' if r['ok'] else 'FAILED'}" for name, r in v["rules"].items()))
+        for name, r in v["rules"].items():
+            if not r["ok"]:
+                lines.append(f"  {name}: {r['detail']}"[:2000])
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

@@ -18,11 +18,11 @@ from raypd.benchmarks.chaos.client import stream_one
 from raypd.benchmarks.chaos.driver import Load, Record
 from raypd.benchmarks.chaos.health import HealthMonitor
 from raypd.benchmarks.chaos.held_blocks import HeldAfter, held_after_drain
-from raypd.benchmarks.chaos.killer import Killer
+from raypd.benchmarks.chaos.killer import HostFaults, Killer
 from raypd.benchmarks.chaos.progress import Progress
 from raypd.benchmarks.chaos.ray_cluster import RayCluster
 from raypd.benchmarks.chaos.report import build_report
-from raypd.benchmarks.chaos.schedule import KINDS, KillSchedule
+from raypd.benchmarks.chaos.schedule import HOST_KINDS, KINDS, KillSchedule
 from raypd.benchmarks.chaos.workload import ChaosRequest
 from raypd.benchmarks.serve.systems import Launched
 
@@ -32,21 +32,23 @@ PROBE_TIMEOUT_S = 30.0
 
 
 async def chaos_run(args, launched: Launched, cluster: RayCluster, schedule: KillSchedule,
-                    requests: list[ChaosRequest], notes: list[str], config: dict) -> dict:
-    """Everything between a ready server and stopping it; the report."""
+                    requests: list[ChaosRequest], notes: list[str], config: dict,
+                    lab: HostFaults | None = None) -> dict:
+    """Everything between a ready server and stopping it; the report. `lab`: the host faults (--lab)."""
     import openai
 
     base = f"http://127.0.0.1:{launched.port}"
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=args.request_timeout)
     async with aiohttp.ClientSession() as http:
         try:
-            return await _run(args, base, client, http, launched, cluster, schedule, requests, notes, config)
+            return await _run(args, base, client, http, launched, cluster, schedule, requests, notes, config, lab)
         finally:
             await client.close()
 
 
 async def _run(args, base: str, client, http: aiohttp.ClientSession, launched: Launched, cluster: RayCluster,
-               schedule: KillSchedule, requests: list[ChaosRequest], notes: list[str], config: dict) -> dict:
+               schedule: KillSchedule, requests: list[ChaosRequest], notes: list[str], config: dict,
+               lab: HostFaults | None) -> dict:
     monitor = HealthMonitor(http, base)
     model = (await client.models.list()).data[0].id
     if not await monitor.wait_ready(args.ready_timeout):
@@ -69,7 +71,8 @@ async def _run(args, base: str, client, http: aiohttp.ClientSession, launched: L
         t0 = time.monotonic()
         end = t0 + args.duration
         bar = Progress("chaos run", args.duration, "s")
-        killer = Killer(schedule, cluster, monitor, probe, end + args.recovery_grace, args.kill_every, bar.killed)
+        killer = Killer(schedule, cluster, monitor, probe, end + args.recovery_grace, args.kill_every, bar.killed,
+                        lab, getattr(args, "partition_s", 20.0))
         killing = asyncio.create_task(killer.run(t0))
         helpers += [asyncio.create_task(monitor.run(stop)), asyncio.create_task(bar.follow_clock(t0, end)), killing]
         chaos: list[Record] = await Load(client, model, requests, args.concurrency, args.request_timeout,
@@ -87,9 +90,17 @@ async def _run(args, base: str, client, http: aiohttp.ClientSession, launched: L
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     notes += _notes(killer, held, reference, monitor)
-    return build_report(requests, reference, chaos, [k.as_json() for k in killer.kills],
-                        [None if r is None else round(r, 3) for r in recovery],
-                        [f.as_json() for f in killer.failures], held, notes, config)
+    recovery = [None if r is None else round(r, 3) for r in recovery]
+    lab_part = None
+    if lab is not None:
+        host_recovery = [r for k, r in zip(killer.kills, recovery) if k.kind in HOST_KINDS]
+        lab_part = {"host_faults": [f.as_json() for f in killer.host_faults],
+                    "routes": [f.routes for f in killer.host_faults], "recovery_s": host_recovery,
+                    "host_roles": {h.name: h.role for h in lab.hosts},
+                    "end_s": args.duration + args.request_timeout,  # past the last request's end
+                    "duplicates": {name: round(t - t0, 3) for name, t in monitor.duplicates_seen.items()}}
+    return build_report(requests, reference, chaos, [k.as_json() for k in killer.kills], recovery,
+                        [f.as_json() for f in killer.failures], held, notes, config, lab_part)
 
 
 async def _remember(launched: Launched) -> None:
@@ -104,7 +115,7 @@ def _notes(killer: Killer, held: HeldAfter, reference: list[Record], monitor: He
     notes = []
     done = {k.kind for k in killer.kills}
     planned = {k.kind for k in killer.schedule.planned}
-    for kind in KINDS:
+    for kind in (*KINDS, *HOST_KINDS):
         if kind in planned and kind not in done:
             why = sorted({f.error for f in killer.failures if f.kind == kind}) or ["the run ended first"]
             notes.append(f"no {kind} kill was done: {'; '.join(why)}")

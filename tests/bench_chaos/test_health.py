@@ -144,3 +144,34 @@ def test_held_after_drain_is_bounded(server):
         return await held_after_drain(http, server.base, timeout_s=0.3, interval_s=0.05)
     held = _with_monitor(server, fn)
     assert not held.idle and held.total == 2 and held.errors == {"d1": "dead"} and held.waited_s < 2
+
+
+def test_a_name_listed_twice_is_a_duplicate():
+    b = body()
+    b["nodes"].append(dict(b["nodes"][0]))
+    assert parse_ready(200, b).duplicates == ("raypd-decode-0",)
+    assert parse_ready(200, body()).duplicates == ()
+
+
+def test_a_hosts_nodes_back_after_a_partition_and_after_a_host_kill(server):
+    server.state["ready"] = (200, body(decode0="restarting", inc0=0))
+
+    def come_back():
+        time.sleep(0.3)
+        server.state["ready"] = (200, body(decode0="live", inc0=0))   # the same incarnation: back from a partition
+        time.sleep(0.4)
+        server.state["ready"] = (200, body(decode0="live", inc0=1))   # restarted elsewhere: back from a host kill
+
+    async def fn(m, _):
+        stop = asyncio.Event()
+        poll = asyncio.create_task(m.run(stop))
+        t = time.monotonic()
+        threading.Thread(target=come_back, daemon=True).start()
+        same, newer = await asyncio.gather(
+            m.nodes_back_s({"raypd-decode-0": 0}, t, t, t + 5, _probe_ok, newer=False),
+            m.nodes_back_s({"raypd-decode-0": 0}, t, t, t + 5, _probe_ok, newer=True))
+        stop.set()
+        await poll
+        return same, newer
+    same, newer = _with_monitor(server, fn)
+    assert 0.3 <= same < 0.7 <= newer < 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -16,6 +17,7 @@ from raypd.benchmarks.chaos.ray_cluster import (
     processes_left,
     ray_address_from_log,
     targets_from_actor_states,
+    targets_from_actor_table,
 )
 from raypd.benchmarks.chaos.schedule import KillSchedule
 
@@ -190,3 +192,79 @@ def test_the_worker_check_refuses_what_is_not_the_servers_worker():
     with pytest.raises(KillRefused, match="NoSuchProcess"):
         mine.worker_process(2 ** 22 + 12345)
     assert processes_left(["no-such-address-7f3a:1", ""]) == []
+
+
+def test_gcs_actor_table_to_targets():
+    table = {"a1": {"ActorClassName": "DecodeNode", "Name": "raypd-decode-0", "State": "ALIVE", "Pid": 7,
+                    "Address": {"NodeID": "n2"}},
+             "a2": {"ActorClassName": "DecodeNode", "Name": "raypd-decode-1", "State": "DEAD", "Pid": 8},
+             "a3": {"ActorClassName": "Conductor", "Name": "raypd-conductor", "State": "ALIVE", "Pid": 9,
+                    "Address": {"NodeID": "n0"}}}
+    assert targets_from_actor_table(table, {"raypd-decode-0": "serve"}) == [
+        Target("raypd-conductor", "conductor", "", 9, "Conductor", "n0"),
+        Target("raypd-decode-0", "decode", "serve", 7, "DecodeNode", "n2")]
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    role: str
+    ip: str
+
+
+class FakeLab:
+    hosts = (LabHost("h1", "prefill", "ip1"), LabHost("h2", "decode", "ip2"), LabHost("h3", "prefill", "ip3"),
+             LabHost("h4", "decode", "ip4"))
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, float]] = []
+
+    def kill_host(self, name):
+        self.calls.append(("kill_host", name, time.monotonic()))
+        return 5
+
+    def cut(self, name):
+        self.calls.append(("cut", name, time.monotonic()))
+
+    def restore(self, name):
+        self.calls.append(("restore", name, time.monotonic()))
+
+
+class HostCluster(FakeCluster):
+    def targets(self):
+        return [Target("raypd-decode-0", "decode", "serve", 12, "DecodeNode", "n2"),
+                Target("raypd-decode-1", "decode", "serve", 13, "DecodeNode", "n4"),
+                Target("raypd-conductor", "conductor", "serve", 11, "Conductor", "n2")]
+
+    def node_ips(self):
+        return {"n2": "ip2", "n4": "ip4"}
+
+    def routes(self, targets):
+        return {"r-0": ("raypd-prefill-0", "raypd-decode-0", 1.0)}, ""
+
+
+class HostMonitor(FakeMonitor):
+    async def nodes_back_s(self, names, since, killed_at, deadline, probe, newer):
+        self.watched.append((dict(names), newer))
+        return 2.0
+
+
+def test_a_host_kill_then_a_partition_restored_after_its_seconds():
+    lab, monitor = FakeLab(), HostMonitor(live=None)
+    schedule = KillSchedule(0.25, 0.1, ["host", "partition"], seed=0)
+    killer = Killer(schedule, HostCluster(TARGETS), monitor, _probe, time.monotonic() + 5, 0.1, lab=lab,
+                    partition_s=0.3)
+
+    async def go():
+        await killer.run(time.monotonic())
+        return await killer.recovery_s()
+    recovery = asyncio.run(go())
+    (kill_op, lost, _), (cut_op, cut, cut_at), (restore_op, restored, restored_at) = lab.calls
+    assert (kill_op, cut_op, restore_op) == ("kill_host", "cut", "restore") and cut == restored != lost
+    assert restored_at - cut_at >= 0.3 and recovery == [2.0, 2.0]
+    assert [k.kind for k in killer.kills] == ["host_kill", "partition"] and killer.failures == []
+    fault = killer.host_faults[0]
+    assert fault.processes_killed == 5 and fault.routes == {"r-0": ("raypd-prefill-0", "raypd-decode-0", 1.0)}
+    assert fault.nodes == ({"raypd-decode-0": 0} if lost == "h2" else {"raypd-decode-1": 0} if lost == "h4" else {})
+    assert killer.host_faults[1].restored_at_s is not None and killer.cut_off == set() and killer.lost == {lost}
+    assert [newer for _, newer in monitor.watched] == [True, False]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from raypd.benchmarks.chaos.schedule import KINDS, KillSchedule
+from raypd.benchmarks.chaos.schedule import KINDS, KillSchedule, parse_targets
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,33 @@ def test_the_last_live_node_of_a_role_is_a_target_unless_spared():
 def test_unknown_or_no_roles_are_refused(roles):
     with pytest.raises(ValueError):
         KillSchedule(100, 10, roles)
+
+
+@dataclass(frozen=True)
+class H:
+    name: str
+    role: str
+
+
+HOSTS = [H("h1", "prefill"), H("h2", "decode"), H("h3", "prefill"), H("h4", "decode")]
+
+
+def test_host_targets_parse_and_rotate_after_the_role_kinds():
+    assert parse_targets("host, partition") == ["host", "partition"]
+    with pytest.raises(ValueError, match="targets must be some of"):
+        parse_targets("host,rack")
+    s = KillSchedule(180, 30, ["host", "partition"])
+    assert [k.kind for k in s.planned] == ["host_kill", "partition", "host_kill", "partition", "host_kill"]
+    assert s.roles == frozenset() and s.eligible("ray_kill", CLUSTER, ALL_LIVE) == []
+    mixed = KillSchedule(180, 30, ["decode", "partition"])
+    assert mixed.kinds == ["ray_kill", "sigkill", "engine_crash", "partition"]
+    assert KillSchedule(100, 10, ["host"]).kinds == ["host_kill"]
+
+
+def test_a_host_kill_spares_the_last_live_host_of_a_role_and_a_partition_does_not():
+    s = KillSchedule(180, 30, ["host", "partition"], seed=3)
+    live = {"h1", "h2", "h3"}   # h4 lost: h2 is the last decode host
+    assert {s.pick_host("host_kill", HOSTS, live).name for _ in range(30)} == {"h1", "h3"}
+    assert {s.pick_host("partition", HOSTS, live).name for _ in range(30)} == {"h1", "h2", "h3"}
+    assert s.pick_host("host_kill", HOSTS, {"h1", "h2"}) is None
+    assert KillSchedule(180, 30, ["partition"]).pick_host("host_kill", HOSTS, live) is None  # not a target

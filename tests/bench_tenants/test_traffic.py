@@ -70,7 +70,11 @@ def test_an_arrival_that_finds_every_slot_open_waits_and_is_counted_late():
             sender = StreamSender(http, f"{base}/v1", "m", stream, [Request(2, prompt="hold")] * 2 +
                                   [Request(2, prompt="ok")], timeout_s=30, max_inflight=2)
             sending = asyncio.ensure_future(sender.send_all([0.0, 0.0, 0.0], time.perf_counter(), until_s=30.0))
-            await asyncio.sleep(0.5)
+            # the sender needs a few loop turns to reach the third arrival; a loaded machine may take long
+            for _ in range(200):
+                if sender.late or sending.done():
+                    break
+                await asyncio.sleep(0.05)
             assert not sending.done() and sender.late == 1   # the third waits for a slot
             assert sender.extra == {}                        # priority 0 is the default: not sent
             await sender.cancel_open()                       # frees both slots: the third goes out

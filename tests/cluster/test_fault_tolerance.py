@@ -5,7 +5,11 @@ SIGSTOP - and every test asserts what the client saw (outputs equal to a fault-f
 request) and that every surviving block is accounted for afterwards; a mid-stream kill also shows
 as one replay for the killed node in the ingress's log, counted in the metrics Ray exports.
 
-One server for the module (~60 s to start); each test leaves it with every node live again.
+One server for the module; each test leaves it with every node live again. It serves the tiny
+random-weight model (tests/tiny_model.py): what is checked is what a failure does to the streams
+and the nodes, whatever the weights, and a node on it restarts in a fraction of the 135 M model's
+time. Where a test needs a node busy for a while, the node's `hold_steps` chaos hook keeps it from
+stepping (a slow node, on any model) instead of a prompt long enough to take that while.
 """
 from __future__ import annotations
 
@@ -27,17 +31,18 @@ from tests.serve.test_metrics import scrape, total
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
-MODEL = "SmolLM2-135M-Instruct.Q4_1"
+MODEL = "tiny-llama"
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-# A prompt long enough that its prefill takes a while on the 0.5-CPU prefill nodes.
+# A stream long enough on the tiny model that a fault caused after its 4th chunk lands mid-stream.
+TOKENS = 400
 LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
 RECOVER_S = 120  # bound on waiting for a restarted node to be live again
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_model_dir):
     log_path = tmp_path_factory.mktemp("fault") / "raypd-serve.log"
-    srv = ServerProcess.start(log_path, "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5",
+    srv = ServerProcess.start(log_path, "--model", tiny_model_dir, "--served-model-name", MODEL, "--prefill-nodes", "2", "--decode-nodes", "2", "--cpus-per-node", "0.5",
                               "--no-dashboard", "--max-node-restarts", "50", "--num-blocks", "512", "--chaos-hooks",
                               # Its local Ray without token auth, so this process can join it by address;
                               # Ray's Prometheus endpoint, to count the ingress's replays.
@@ -194,7 +199,7 @@ def settle(server) -> None:
 @pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.9, "seed": 1234}],
                          ids=["greedy", "seeded"])
 def test_decode_killed_mid_stream_continues_the_same_stream(server, client, sampling):
-    reference = chat(client, **sampling)
+    reference = chat(client, max_tokens=TOKENS, **sampling)
     before = states(server)
     time.sleep(2)  # two export intervals: what came before is in the baseline
     replays_before = replays(server)
@@ -205,9 +210,9 @@ def test_decode_killed_mid_stream_continues_the_same_stream(server, client, samp
         killed["name"] = n["name"]
         sigkill(n["pid"])
 
-    text, usage, request_id = stream_with_fault(client, kill_decode, **sampling)
+    text, usage, request_id = stream_with_fault(client, kill_decode, max_tokens=TOKENS, **sampling)
     assert text == reference                 # no gap, no duplicate, no lost token; the same seeded stream
-    assert usage.completion_tokens == 48
+    assert usage.completion_tokens == TOKENS
     replayed_after_kill(server, replays_before, request_id, killed["name"])   # a replay, not a stream that never broke
     wait_restarted(server, killed["name"], before[killed["name"]][1])   # the pool's replacement is live
     settle(server)
@@ -217,7 +222,7 @@ def test_decode_frozen_mid_stream_is_replayed_long_before_the_chunk_timeout(serv
     """SIGSTOP of the decode node serving a stream: the pool's probe times out (5 s), the node is
     `unresponsive`, and the ingress ends the node's streams and replays them elsewhere; the client,
     whose timeout (90 s) is below the driver's chunk timeout (120 s), gets the whole stream."""
-    reference = chat(client, temperature=0.0)
+    reference = chat(client, max_tokens=TOKENS, temperature=0.0)
     frozen = {}
 
     def freeze_decode():
@@ -226,8 +231,9 @@ def test_decode_frozen_mid_stream_is_replayed_long_before_the_chunk_timeout(serv
         os.kill(n["pid"], signal.SIGSTOP)
 
     try:
-        text, usage, _ = stream_with_fault(client.with_options(timeout=90), freeze_decode, temperature=0.0)
-        assert text == reference and usage.completion_tokens == 48
+        text, usage, _ = stream_with_fault(client.with_options(timeout=90), freeze_decode, max_tokens=TOKENS,
+                                           temperature=0.0)
+        assert text == reference and usage.completion_tokens == TOKENS
         assert states(server)[frozen["name"]][0] == "unresponsive"
     finally:
         if frozen:
@@ -236,7 +242,7 @@ def test_decode_frozen_mid_stream_is_replayed_long_before_the_chunk_timeout(serv
 
 
 def test_engine_crash_mid_stream_is_replayed_and_the_node_restarts(server, client):
-    reference = chat(client, temperature=0.0)
+    reference = chat(client, max_tokens=TOKENS, temperature=0.0)
     crashed = {}
 
     def crash_decode():
@@ -245,7 +251,7 @@ def test_engine_crash_mid_stream_is_replayed_and_the_node_restarts(server, clien
         ray.get(named_actor(n["name"]).crash_engine.remote(), timeout=30)
 
     before = states(server)
-    text, _, _ = stream_with_fault(client, crash_decode, temperature=0.0)
+    text, _, _ = stream_with_fault(client, crash_decode, max_tokens=TOKENS, temperature=0.0)
     assert text == reference
     wait_restarted(server, crashed["name"], before[crashed["name"]][1])
     settle(server)
@@ -265,13 +271,26 @@ def in_background(fn) -> tuple[threading.Thread, dict]:
     return t, result
 
 
+def hold_prefill_steps(seconds: float, but: str | None = None) -> None:
+    """Every prefill node (`but` one) runs no step for `seconds` (0 ends the hold); the nodes stay up."""
+    names = [f"raypd-prefill-{i}" for i in range(2) if f"raypd-prefill-{i}" != but]
+    ray.get([named_actor(name).hold_steps.remote(seconds) for name in names], timeout=30)
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_node_killed_before_the_first_token_is_retried(server, client, role):
-    """A cold long prompt keeps a prefill node busy for a while: kill the prefill node computing it, or
-    the decode node waiting for its KV (prealloc / transfer), before any token reached the client."""
+    """The prefill nodes held (a slow prefill): kill the prefill node holding the prompt, or the decode
+    node waiting for its KV (prealloc / transfer), before any token reached the client."""
     prompt = f"Cold {role} prompt. " + LONG_PROMPT
-    t, result = in_background(lambda: chat(client, prompt=prompt, max_tokens=8, temperature=0.0))
-    sigkill(holder(server, role)["pid"])
+    hold_prefill_steps(120)
+    killed = None
+    try:
+        t, result = in_background(lambda: chat(client, prompt=prompt, max_tokens=8, temperature=0.0))
+        victim = holder(server, role)
+        sigkill(victim["pid"])
+        killed = victim["name"]
+    finally:
+        hold_prefill_steps(0, but=killed)   # a killed node's replacement starts without a hold
     t.join(300)
     assert "error" not in result, result.get("error")
     settle(server)
@@ -293,6 +312,7 @@ def test_conductor_killed_under_load_fails_no_request(server, client):
             results[i] = e
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    hold_prefill_steps(3)   # the requests are routed and in flight when the Conductor dies
     for t in threads:
         t.start()
     time.sleep(0.5)

@@ -2,7 +2,13 @@
 transfer timeout, a prefill node killed with requests queued and in flight (and, deterministically,
 with rooms in BOOTSTRAP and INFLIGHT while its decode node is frozen by SIGSTOP), a decode node
 killed mid-stream. Each affected request ends with a clear final message; unaffected ones finish equal to
-the reference; afterwards every surviving node holds nothing and its block accounting adds up."""
+the reference; afterwards every surviving node holds nothing and its block accounting adds up.
+
+The nodes serve the tiny random-weight model (tests/tiny_model.py), against transformers' greedy
+output on it: what is checked is what each failure does to the queues, rooms and streams, whatever
+the weights. Where a request must stay in a queue while the test acts, its prefill node's
+`hold_steps` chaos hook keeps the node from stepping (a slow node, on any model), where a slow
+prefill of the 135 M model used to give the test its time."""
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +32,7 @@ from tests.cluster.helpers import (
     queues,
     wait_for,
 )
-from tests.conftest import NEW_TOKENS
+from tests.conftest import NEW_TOKENS, hf_greedy
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
@@ -34,16 +40,22 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 ENDLESS = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
 FAIL_FAST = {**FAST_TRANSFER, "bootstrap_timeout_s": 20.0}
 HANG_GUARD_S = 90  # a request still open after this is a hang, whatever the machine's speed
-# ~50 prefill steps of 16 tokens on the slow prefill nodes: seconds in QUEUED even on a busy machine,
-# so a test can freeze the decode node before the prefill ends.
+HOLD_S = 60.0      # a node's steps held (hold_steps) for at most this; each test ends its holds
+# A long prompt: ~50 prefill steps of 16 tokens on the slow prefill nodes.
 SLOW_PROMPT = list(range(1000, 1800))
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def reference(tiny_model_dir, prompt_ids) -> list[list[int]]:
+    """transformers' float32 greedy continuations on the tiny model (a second or two)."""
+    return hf_greedy(prompt_ids, "float32", tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
     # Room for the three fixture nodes plus two per test (ray_cpus: logical CPUs, cores are shared).
-    c = NodeCluster.start(ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 256},
-                                      transfer_options=FAIL_FAST, ray_cpus=3))
+    c = NodeCluster.start(ClusterSpec(model=tiny_model_dir, cpus_per_node=0.5, engine_options={"num_blocks": 256},
+                                      transfer_options=FAIL_FAST, ray_cpus=3, chaos_hooks=True))
     try:
         c.add_nodes(["prefill", "decode"])  # prefill-0, decode-0: the healthy pair
         # prefill-1 computes 16 tokens per step, so a long prompt stays queued for a while.
@@ -74,6 +86,10 @@ def final_of(sink: TokenSink, generate_ref) -> list:
     return chunks
 
 
+def hold_steps(n, seconds: float) -> None:
+    ray.get(n.actor.hold_steps.remote(seconds), timeout=30)
+
+
 def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
 
@@ -97,13 +113,17 @@ def test_abort_in_prefill_before_the_destination_and_queued(cluster, prompt_ids,
     ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
     res = ray.get(result, timeout=HANG_GUARD_S)
     assert not res.ok and "aborted by the client" in res.error
-    # QUEUED: the destination arrived, the long prompt is being prefilled 16 tokens per step.
+    # QUEUED: the destination arrived, the long prompt waits for its prefill (the node held).
     decode = node(cluster, "decode-0")
     req = request(long_prompt(prompt_ids), prefill=slow, sink=sink)
-    result = slow.actor.prefill.remote(req)
-    decoding = decode.actor.generate.remote(req)
-    wait_for(lambda: queues(slow)["queued"] == 1, "prefill queue")
-    ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
+    hold_steps(slow, HOLD_S)
+    try:
+        result = slow.actor.prefill.remote(req)
+        decoding = decode.actor.generate.remote(req)
+        wait_for(lambda: queues(slow)["queued"] == 1, "prefill queue")
+        ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
+    finally:
+        hold_steps(slow, 0)
     res = ray.get(result, timeout=HANG_GUARD_S)
     assert not res.ok and "aborted by the client" in res.error
     chunks = final_of(sink, decoding)  # the decode side learns the room was aborted
@@ -147,10 +167,12 @@ def test_abort_in_prefill_inflight(cluster, prompt_ids, sink):
     prefill, decode = frozen_decode_pair(cluster)
     try:
         req = request(SLOW_PROMPT, ENDLESS, prefill=prefill, sink=sink)
+        hold_steps(prefill, HOLD_S)   # QUEUED until the decode node is frozen
         result = prefill.actor.prefill.remote(req)
         decoding = decode.actor.generate.remote(req)
         wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
         with paused(decode):  # the KV goes out but no Done can come back
+            hold_steps(prefill, 0)
             wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
             # The client goes away; like the driver, abort on both sides (the decode node's call waits
             # in its mailbox until it runs again).
@@ -178,10 +200,12 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
     prefill, decode = frozen_decode_pair(cluster)
     try:
         inflight = request(SLOW_PROMPT, prefill=prefill, sink=sink)
+        hold_steps(prefill, HOLD_S)   # QUEUED until the decode node is frozen
         inflight_result = prefill.actor.prefill.remote(inflight)
         inflight_end = decode.actor.generate.remote(inflight)
         wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
         with paused(decode):
+            hold_steps(prefill, 0)
             wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
             # A second room waits for its destination (computed early meanwhile): its decode node is
             # frozen and cannot send one.
@@ -210,11 +234,12 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
             cluster.remove(n)
 
 
-def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):
+def test_transfer_wait_timeout(cluster, prompt_ids, reference):
     impatient = cluster.add_nodes(["decode"], transfer_options={"wait_timeout_s": 0.3})[0]
+    slow, healthy = node(cluster, "prefill-1"), node(cluster, "prefill-0")
+    hold_steps(slow, HOLD_S)   # its KV would come long after the impatient node's 0.3 s
     try:
         driver = RequestDriver()
-        slow, healthy = node(cluster, "prefill-1"), node(cluster, "prefill-0")
 
         async def main():
             timed_out = [collect(driver, f"slow-{i}", long_prompt(prompt_ids), GREEDY, prefill=slow, decode=impatient)
@@ -228,15 +253,18 @@ def test_transfer_wait_timeout(cluster, prompt_ids, hf_reference):
             # prefill ended before it heard of the timeout.
             assert final.error and "timeout" in final.error and len(tokens) <= 1
         for i, (tokens, final) in enumerate(results[2:]):
-            assert final.error is None and tokens == hf_reference[i]
+            assert final.error is None and tokens == reference[i]
+        hold_steps(slow, 0)
         assert_idle(cluster.nodes)
     finally:
+        hold_steps(slow, 0)
         ray.kill(impatient.actor)
         cluster.remove(impatient)
 
 
-def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, hf_reference):
-    victim = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 32, "max_num_batched_tokens": 32})[0]
+def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, reference):
+    # 16 tokens per step: every prompt queued on it takes a few hundred steps in all.
+    victim = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 16, "max_num_batched_tokens": 16})[0]
     decode, healthy = node(cluster, "decode-0"), node(cluster, "prefill-0")
     driver = RequestDriver()
 
@@ -247,6 +275,7 @@ def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, 
                 for i, ids in enumerate(prompt_ids[:4])]
         while not ray.get(victim.actor.stats.remote())["completed"]:  # kill once some KV has gone across
             await asyncio.sleep(0.01)
+        await victim.actor.hold_steps.remote(HOLD_S)   # the rest stays queued until the kill lands
         ray.kill(victim.actor)
         return await asyncio.wait_for(asyncio.gather(*doomed), HANG_GUARD_S), \
             await asyncio.wait_for(asyncio.gather(*fine), HANG_GUARD_S)
@@ -257,14 +286,14 @@ def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, 
     failed = [final for _, final in doomed if final.error]
     assert failed, "killing the prefill node failed no request"
     for i, (tokens, final) in enumerate(doomed):
-        assert final.error or tokens == hf_reference[i]  # finished before the kill, or failed cleanly
+        assert final.error or tokens == reference[i]  # finished before the kill, or failed cleanly
     assert all("transfer failed" in f.error or "failed" in f.error for f in failed)
     for i, (tokens, final) in enumerate(fine):
-        assert final.error is None and tokens == hf_reference[i]
+        assert final.error is None and tokens == reference[i]
     assert_idle(cluster.nodes)
 
 
-def test_decode_killed_mid_stream(cluster, prompt_ids, hf_reference):
+def test_decode_killed_mid_stream(cluster, prompt_ids, reference):
     victim = cluster.add_nodes(["decode"])[0]
     prefill, healthy = node(cluster, "prefill-0"), node(cluster, "decode-0")
     driver = RequestDriver()
@@ -294,7 +323,7 @@ def test_decode_killed_mid_stream(cluster, prompt_ids, hf_reference):
     for _, final in doomed:
         assert final.error and victim.name in final.error
     for i, (tokens, final) in enumerate(fine):
-        assert final.error is None and tokens == hf_reference[i]
+        assert final.error is None and tokens == reference[i]
     assert_idle(cluster.nodes)  # prefill-0 freed the rooms it was sending to the dead node
 
 

@@ -95,8 +95,8 @@ def test_decode_node_crash_ends_every_stream_with_an_error():
 
 
 def test_the_chaos_hooks_refuse_unless_the_node_was_built_with_them():
-    """crash_engine() and fail_requests() are Ray-callable on every node; in production (no chaos hooks)
-    they refuse, and the node goes on serving."""
+    """crash_engine(), fail_requests() and hold_steps() are Ray-callable on every node; in production
+    (no chaos hooks) they refuse, and the node goes on serving."""
     from raypd.node.mixed_node import MixedNode
     from raypd.node.node_actor import ChaosHooksDisabled
 
@@ -107,6 +107,8 @@ def test_the_chaos_hooks_refuse_unless_the_node_was_built_with_them():
                 await node.crash_engine()
             with pytest.raises(ChaosHooksDisabled):
                 await node.fail_requests(5)
+            with pytest.raises(ChaosHooksDisabled):
+                await node.hold_steps(60)
             await asyncio.sleep(0.1)
             assert node.core.loop.crashed is None and (await node.ready())["name"] == "hooks-off"
         finally:

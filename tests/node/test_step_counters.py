@@ -75,3 +75,20 @@ def test_a_step_that_runs_nothing_is_not_a_step_and_the_loop_waits_instead_of_sp
         assert empty == asked
     finally:
         loop.stop()
+
+
+def test_held_steps_wait_while_calls_still_run_then_the_steps_resume():
+    """hold_steps (a chaos hook): no step for the hold's length, calls answered meanwhile, and the
+    steps that were due run once it ends."""
+    engine = SleepyEngine(left=3, step_s=0.0)
+    loop = EngineLoop(engine, tick=lambda: False, on_outputs=lambda outputs: None,  # type: ignore[arg-type]
+                      on_crash=lambda e: None, name="held")
+    loop.hold_steps(60.0)
+    loop.start()
+    try:
+        assert loop.call(lambda: engine.left).result(10) == 3   # the loop answers; nothing stepped
+        assert not engine.done.wait(0.3) and loop.num_steps == 0
+        loop.hold_steps(0.0)
+        assert engine.done.wait(10)
+    finally:
+        loop.stop()
