@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raypd.benchmarks.chaos.killer import KillFailed
+from raypd.benchmarks.lab.hosts import Lab, LabError, LabSpec, LabUnavailable
+from raypd.benchmarks.lab.ray_hosts import NETWORK_ONLY, PD_RACKS, PD_ROLES, start_ray
+from raypd.benchmarks.server_runs.interrupts import Terminated, raise_terminated
 
-HOSTS_PER_RACK = (3, 2)
-ROLES = {1: "prefill", 2: "decode", 3: "prefill", 4: "decode"}   # host index -> raypd.io/role
 CPUS_PER_HOST = 2          # room for both nodes of a role on one host, once the other host is lost
-NETWORK_ONLY = {"UCX_TLS": "tcp,self"}
 STOP_S = 240.0             # for the run inside the head host to stop its server and write its report
 
 
@@ -103,23 +103,12 @@ class LabFaults:
 
 
 # -- the lab's owner -----------------------------------------------------------------------------------
-class _Terminated(BaseException):
-    pass
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
-
-
 def run_on_lab(argv: list[str], json_path: Path | None) -> int:
     """Build the lab, start Ray on it, run the bench inside the head host with `argv` (this command's
     own flags), do its host faults; close the lab on every exit path. The exit status."""
-    from raypd.benchmarks.lab.hosts import Lab, LabError, LabSpec, LabUnavailable
-    from raypd.benchmarks.lab.ray_hosts import start_ray
-
-    lab = Lab(LabSpec(hosts_per_rack=HOSTS_PER_RACK))
+    lab = Lab(LabSpec(hosts_per_rack=PD_RACKS))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     status = 1
     cut: set[str] = set()
     inner: subprocess.Popen | None = None
@@ -129,14 +118,14 @@ def run_on_lab(argv: list[str], json_path: Path | None) -> int:
         except LabUnavailable as e:
             print(f"raypd bench chaos: error: --lab needs network namespaces: {e}", file=sys.stderr)
             return 2
-        print(f"lab: {len(lab.hosts)} hosts in racks {list(HOSTS_PER_RACK)}; starting Ray on each ...",
+        print(f"lab: {len(lab.hosts)} hosts in racks {list(PD_RACKS)}; starting Ray on each ...",
               file=sys.stderr, flush=True)
-        lab_ray = start_ray(lab, ROLES, cpus_per_host=CPUS_PER_HOST, extra_env=NETWORK_ONLY)
+        lab_ray = start_ray(lab, PD_ROLES, cpus_per_host=CPUS_PER_HOST, extra_env=NETWORK_ONLY)
         head = lab.hosts[0]
         hosts = {f"h{h.index}": h for h in lab.hosts[1:]}
         ask_r, ask_w = os.pipe()
         answer_r, answer_w = os.pipe()
-        run = LabRun(lab_ray.address, head.ip, tuple(LabHost(name, ROLES[h.index], h.rack, h.ip, h.namespace)
+        run = LabRun(lab_ray.address, head.ip, tuple(LabHost(name, PD_ROLES[h.index], h.rack, h.ip, h.namespace)
                                                      for name, h in hosts.items()), ask_w, answer_r)
         run_file = lab.folder / "chaos-lab-run.json"
         run.write(run_file)
@@ -148,7 +137,7 @@ def run_on_lab(argv: list[str], json_path: Path | None) -> int:
             for line in asks:   # until the run closes its end (it exited)
                 answers.write(json.dumps(_do(lab, hosts, cut, json.loads(line))) + "\n")
         status = inner.wait()
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, Terminated):
         print("raypd bench chaos: interrupted; stopping the run and the lab", file=sys.stderr)
         status = 130
     except LabError as e:

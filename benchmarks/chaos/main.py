@@ -42,6 +42,7 @@ from raypd.benchmarks.chaos.run import chaos_run
 from raypd.benchmarks.chaos.schedule import HOST_TARGETS, ROLES, TARGETS, KillSchedule, parse_targets
 from raypd.benchmarks.chaos.workload import ChaosRequest, build_requests
 from raypd.benchmarks.serve.systems import Launched, LaunchError, free_port
+from raypd.benchmarks.server_runs.interrupts import Terminated, raise_terminated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,14 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Terminated(BaseException):
-    pass
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -114,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("--max-node-restarts was not passed to raypd serve: killed actors restart only if the server "
                      "restarts them by default")
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     launched: Launched | None = None
     cluster: RayCluster | None = None
     address: str | None = None
@@ -136,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as e:
         print(f"raypd bench chaos: error: {_explain_launch(str(e))}", file=sys.stderr)
         status = 1
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, Terminated):
         print("raypd bench chaos: interrupted; stopping the server", file=sys.stderr)
         status = 130
     finally:

@@ -22,6 +22,13 @@ from raypd.conductor.topology import TOR_LABEL
 
 GCS_PORT = 6379
 START_TIMEOUT_S = 120.0
+# UCX restricted to the network: the namespaces share one kernel, so without it UCX would move KV by
+# CMA or shared memory between "hosts", the same-machine shortcut no two real hosts have.
+NETWORK_ONLY = {"UCX_TLS": "tcp,self"}
+# The lab of issue 32's must-hold 1: rack 0 = head host 0, prefill host 1, decode host 2; rack 1 =
+# prefill host 3, decode host 4 (Lab's hosts_per_rack, and host index -> raypd.io/role).
+PD_RACKS = (3, 2)
+PD_ROLES = {1: "prefill", 2: "decode", 3: "prefill", 4: "decode"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raypd.benchmarks.lab.ray_hosts import NETWORK_ONLY, PD_RACKS, PD_ROLES
+
 PORT = 8000
 READY = "ready; Ctrl-C stops everything"
-NETWORK_ONLY = {"UCX_TLS": "tcp,self"}
-ROLES = {1: "prefill", 2: "decode", 3: "prefill", 4: "decode"}   # host index -> raypd.io/role
 SERVE_READY_S = 420.0
 STOP_S = 60.0
 EXPLAINED = 4   # decisions explained in full per run (the first ones)
@@ -229,13 +229,13 @@ def main(argv: list[str] | None = None) -> int:
                                                      *(argv if argv is not None else sys.argv[1:])]),
                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "config": {
                                   k: str(v) for k, v in vars(args).items()}, "runs": {}}
-    spec = LabSpec(hosts_per_rack=(3, 2), cross_rack_rate=args.cross_rack_rate)
+    spec = LabSpec(hosts_per_rack=PD_RACKS, cross_rack_rate=args.cross_rack_rate)
     with Lab(spec) as lab:
         head = lab.hosts[0]
         rack_of_ip = {h.ip: h.rack for h in lab.hosts}
-        result["hosts"] = [{"index": h.index, "rack": h.rack, "ip": h.ip, "role": ROLES.get(h.index, "head")}
+        result["hosts"] = [{"index": h.index, "rack": h.rack, "ip": h.ip, "role": PD_ROLES.get(h.index, "head")}
                            for h in lab.hosts]
-        lab_ray = start_ray(lab, ROLES, cpus_per_host=args.cpus_per_node, extra_env=NETWORK_ONLY)
+        lab_ray = start_ray(lab, PD_ROLES, cpus_per_host=args.cpus_per_node, extra_env=NETWORK_ONLY)
         topo = out_dir / "topo.yaml"
         links = ["raypd", "bench", "links", "--address", lab_ray.address, "--bytes", args.links_bytes,
                  "--out", str(topo), "--json", str(out_dir / "links.json")]

@@ -1,6 +1,6 @@
 """`raypd bench links` on a lab (benchmarks/lab) of two racks of two hosts, the racks joined at 200 mbit
 while hosts in one rack share a bridge (issue 32, items 2 and 3). Ray runs on every host with UCX
-limited to the network (tests/lab/served.py's NETWORK_ONLY: namespaces share one kernel, so UCX
+limited to the network (benchmarks/lab/ray_hosts.py's NETWORK_ONLY: namespaces share one kernel, so UCX
 would otherwise copy between them with CMA), and the benchmark runs inside the head host, joining
 the cluster by its address, as an operator runs it after `ray up`. The topology file it writes,
 read back by Topology.from_yaml, groups the hosts by their racks and gives every in-rack pair more
@@ -19,9 +19,8 @@ import time
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
-from raypd.benchmarks.lab.ray_hosts import LabRay, start_ray
+from raypd.benchmarks.lab.ray_hosts import NETWORK_ONLY, LabRay, start_ray
 from raypd.conductor.topology import Topology
-from tests.lab.served import NETWORK_ONLY
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and the benchmark inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]

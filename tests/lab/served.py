@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 from raypd.benchmarks.lab.hosts import Host, Lab
-from raypd.benchmarks.lab.ray_hosts import LabRay, start_ray
+from raypd.benchmarks.lab.ray_hosts import NETWORK_ONLY, LabRay, start_ray
 
 PORT = 8000
 READY = "ready; Ctrl-C stops everything"
-NETWORK_ONLY = {"UCX_TLS": "tcp,self"}   # no same-machine shortcut (CMA, shared memory) between namespaces
 # Actor process titles (Ray's setproctitle) -> what they are.
 TITLES = {"ray::ServeReplica:raypd:OpenAIIngress": "ingress", "ray::ServeReplica:raypd:NodePool": "pool",
           "ray::Conductor": "conductor", "ray::PrefillNode": "prefill", "ray::DecodeNode": "decode"}

@@ -16,8 +16,7 @@ import time
 import pytest
 
 from raypd.benchmarks.lab.hosts import Lab, LabSpec, unavailable_reason
-from raypd.benchmarks.lab.ray_hosts import start_ray
-from tests.lab.served import NETWORK_ONLY
+from raypd.benchmarks.lab.ray_hosts import NETWORK_ONLY, start_ray
 
 pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
               pytest.mark.skipif(unavailable_reason() is not None, reason=f"no lab here: {unavailable_reason()}")]
