@@ -195,7 +195,7 @@ def run_raypd(eng: LLMEngine, work: list[BenchRequest], conc: int,
 
 
 def warm_raypd(eng: LLMEngine) -> None:
-    run_raypd(eng, [BenchRequest("warmup", eng.tokenizer.encode(WARMUP_TEXT), 8)], 1)
+    run_raypd(eng, [BenchRequest("warmup", Tokenizer(eng.model_dir).encode(WARMUP_TEXT), 8)], 1)
     timer = getattr(eng.runner, "timer", None)
     if timer is not None:
         timer.steps.clear()

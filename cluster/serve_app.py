@@ -18,7 +18,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 
 from raypd.cluster.launch.gpu_budget import cluster_gpus
-from raypd.cluster.launch.placement import control_plane_selector
+from raypd.cluster.launch.placement import control_plane_hosts, control_plane_selector, ingress_replicas_per_host
 from raypd.cluster.openai.api_errors import RETRY_AFTER_S
 from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 from raypd.cluster.serve.ingress import OpenAIIngress
@@ -39,11 +39,21 @@ def build_serve_app(config: ServeConfig) -> Application:
     # with Retry-After too, never its default 503.
     ongoing, queued = config.admission_limits(cluster_gpus())
     serve_limit = ongoing + queued + SERVE_HEADROOM
+    # Several replicas on several hosts: spread, so one host's loss takes the fewest (placement.py).
+    hosts = control_plane_hosts(_ray_nodes(), config.place_by_role)
+    per_host = ingress_replicas_per_host(config.ingress_replicas, hosts, config.place_by_role, config.ingress_cpus)
+    spread = {"max_replicas_per_node": per_host} if per_host is not None else {}
     ingress = OpenAIIngress.options(  # type: ignore[attr-defined]
         num_replicas=config.ingress_replicas, ray_actor_options={"num_cpus": config.ingress_cpus, **where},
         max_ongoing_requests=serve_limit, max_queued_requests=serve_limit,
-        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S))
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S), **spread)
     return ingress.bind(config, pool)
+
+
+def _ray_nodes() -> list[dict]:
+    """The Ray cluster's nodes, where the app is built (none when Ray is not connected here)."""
+    import ray
+    return ray.nodes() if ray.is_initialized() else []
 
 
 def app_builder(args: dict) -> Application:

@@ -140,6 +140,7 @@ class DecodeDuty:
         return True
 
     def tick(self) -> bool:
+        self.receiver.raise_if_broken()  # ends the engine thread as a crash does (prefill_duty.py's tick)
         if self.prealloc:
             for dr in self.prealloc.pop_ended():
                 dr.error = f"no KV memory for the prompt on {self.name} within {self.prealloc.timeout_s:g}s"
@@ -192,7 +193,8 @@ class DecodeDuty:
                   "aborting": t.num_aborting}
         return {"queues": queues, "refused": self.num_refused, "displaced": self.num_displaced,
                 "local_prefills": self.num_local,
-                "transfer": asdict(self.receiver.stats())}
+                # the transports of the connections its senders made to it (TransferBackend.transports)
+                "transfer": {**asdict(self.receiver.stats()), "transports": asdict(self.receiver.backend.transports())}}
 
     def still_held(self) -> dict[str, int]:
         """Rooms, endpoint rooms and aux slots in use (zeros when idle)."""

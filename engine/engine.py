@@ -48,7 +48,6 @@ from raypd.engine.overlap import PENDING, LaunchedDecode
 from raypd.engine.request import Request, RequestStatus
 from raypd.engine.sampler import Sampler
 from raypd.engine.scheduler import FairKey, ScheduledBatch, Scheduler, SchedulerConfig
-from raypd.engine.tokenizer import Tokenizer
 from raypd.protocol.kv_events import KVEventCallback
 from raypd.protocol.queued_by_priority import QueuedByPriority
 from raypd.protocol.sampling_params import SamplingParams
@@ -93,7 +92,6 @@ class LLMEngine:
             check_free_at_start(at_start, cfg.gpu_memory_utilization)
         self.model_dir = resolve_model(model)
         self.model_config = mc = ModelConfig.from_folder(self.model_dir)
-        self.tokenizer = Tokenizer(self.model_dir)
         weights = load_weights(mc, self.model_dir, dtype, self.device)
         self.backend = choose_backend(cfg.attention_backend, self.device).backend
         ops: LayerOps = TORCH_LAYER_OPS

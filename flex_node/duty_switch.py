@@ -87,7 +87,8 @@ class DutySwitch:
                 "queues": queues,
                 "completed": p["completed"], "failed": p["failed"], "prefix_copies": p["prefix_copies"],
                 "refused": p["refused"] + d["refused"], "local_prefills": d["local_prefills"],
-                "transfer": {"live_rooms": p["transfer"]["live_rooms"] + d["transfer"]["live_rooms"]}}
+                "transfer": {"live_rooms": p["transfer"]["live_rooms"] + d["transfer"]["live_rooms"],
+                             "transports": p["transfer"]["transports"]}}   # the prefill duty's sender writes
 
     def still_held(self) -> dict[str, int]:
         p, d = self.prefill.still_held(), self.decode.still_held()

@@ -16,6 +16,7 @@ from raypd.kvtransfer.endpoint import EndpointStats
 from raypd.kvtransfer.errors import (
                              BackendUnavailableError,
                              BlockIdError,
+                             EndpointBrokenError,
                              KVTransferError,
                              LayoutError,
                              PeerDisconnectedError,
@@ -30,8 +31,8 @@ from raypd.kvtransfer.receiver import KVReceiver
 from raypd.kvtransfer.sender import KVSender
 
 __all__ = [
-    "BackendUnavailableError", "BlockIdError", "EndpointStats", "KVReceiver", "KVSender", "KVTransferError",
-    "LayoutError", "Notification", "PeerDisconnectedError", "PeerError", "PeerInfo", "PoolLayout", "RoomError",
-    "SchemaError", "TransferBackend", "TransferConfig", "TransferConfigError", "TransferError", "TransferState",
-    "XferId", "backend_names", "create_backend", "register_backend",
+    "BackendUnavailableError", "BlockIdError", "EndpointBrokenError", "EndpointStats", "KVReceiver", "KVSender",
+    "KVTransferError", "LayoutError", "Notification", "PeerDisconnectedError", "PeerError", "PeerInfo", "PoolLayout",
+    "RoomError", "SchemaError", "TransferBackend", "TransferConfig", "TransferConfigError", "TransferError",
+    "TransferState", "XferId", "backend_names", "create_backend", "register_backend",
 ]

@@ -12,14 +12,17 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 import numpy as np
-import torch
 
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.errors import BackendUnavailableError, KVTransferError
 from raypd.kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.nixl.ucx_transport import PeerTransport
+
+if TYPE_CHECKING:
+    import torch
 
 XferId = NewType("XferId", int)
 
@@ -136,6 +139,13 @@ class TransferBackend(ABC):
         """Receiving side: once this returns, no byte of the write tagged `notification` lands (when
         `revocable`). Unknown notifications are ignored."""
 
+    def transports(self) -> PeerTransport:
+        """Which transports this endpoint's writes have taken so far, all its peers together (nixl:
+        UCX's protocol tables, when RAYPD_UCX_TRANSPORT_REPORT is on; nixl/ucx_transport.py says why
+        no finer), or unknown with the reason. The one call any thread may make at any time: it
+        reads no state the endpoint's loop changes, and it is cheap enough for every stats read."""
+        return PeerTransport.unknown(f"the {self.name} backend does not say which transports it uses")
+
     @abstractmethod
     def notifications(self) -> list[Notification]:
         """Notifications of writes into this endpoint that completed since the last call. Calling this
@@ -149,7 +159,7 @@ class TransferBackend(ABC):
 
 # name -> "module:Class"; modules load on first use, so `nixl` is imported only by those who ask.
 _REGISTRY: dict[str, str | type[TransferBackend]] = {
-    "nixl": "raypd.kvtransfer.nixl_backend:NixlBackend",
+    "nixl": "raypd.kvtransfer.nixl.backend:NixlBackend",
     "tcp": "raypd.kvtransfer.tcp_backend:TcpBackend",
     "fake": "raypd.kvtransfer.fake_backend:FakeBackend",
 }

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
 from raypd.kvtransfer.errors import TransferConfigError
-from raypd.kvtransfer.nixl_params import NIXL_BACKENDS, NicMap
+from raypd.kvtransfer.nixl.params import NIXL_BACKENDS, NicMap
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,13 @@ class TransferConfig:
     idle_poll_s: float = 0.005
     quiet_poll_s: float = 0.05
     # NIXL's own progress thread costs ~8 ms per notification (it sleeps in poll() >= 1 ms); without
-    # it our endpoint thread drives UCX (see nixl_backend.py).
+    # it our endpoint thread drives UCX (see nixl/backend.py).
     nixl_progress_thread: bool = False
     # The NIXL plugin that moves the bytes: "UCX" (InfiniBand/RoCE verbs, cuda_ipc, CMA, TCP) or
-    # "LIBFABRIC" (AWS EFA, HPE Slingshot; needs libfabric on the host). See nixl_params.py.
+    # "LIBFABRIC" (AWS EFA, HPE Slingshot; needs libfabric on the host). See nixl/params.py.
     nixl_backend: str = "UCX"
     # UCX only: the RDMA devices per GPU, e.g. "mlx5_0" for every node or "0=mlx5_0,1=mlx5_1,*=mlx5_0"
-    # (format in nixl_params.py); "" = every device UCX finds.
+    # (format in nixl/params.py); "" = every device UCX finds.
     nixl_devices: str = ""
     # tcp backend: bytes per data message (a run of blocks is split into pieces of at most this).
     tcp_chunk_bytes: int = 4 << 20

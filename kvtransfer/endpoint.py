@@ -1,20 +1,26 @@
-"""Endpoint: what KVSender and KVReceiver share: a registered backend, a RoomTable, an EndpointLoop, and
-the caller-facing reads (poll, wait, release, stats). The two subclasses add their side's protocol.
+"""Endpoint: what KVSender and KVReceiver share: a registered backend, a RoomTable, an EndpointLoop, the
+health its registrations tell (bootstrap/endpoint_health.py) and the caller-facing reads (poll, wait,
+release, stats, broken). The two subclasses add their side's protocol.
 """
 from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 import zmq
 
 from raypd.kvtransfer.base import TransferState, create_backend
+from raypd.kvtransfer.bootstrap.endpoint_health import EndpointHealth
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.data_plane_auth import unguard
 from raypd.kvtransfer.endpoint_loop import EndpointLoop
+from raypd.kvtransfer.errors import EndpointBrokenError
 from raypd.kvtransfer.rooms import Room, RoomTable
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +37,8 @@ class Endpoint(ABC):
     def __init__(self, pool: torch.Tensor, aux: torch.Tensor, config: TransferConfig, name: str | None):
         self.config = config
         self.name = name or f"{self.role}-{uuid.uuid4().hex[:16]}"
+        # What the host's interfaces say as the backend is made (its UCX worker picks them now).
+        self._health = EndpointHealth.now(self.name)
         self.backend = create_backend(config, self.name)
         try:
             self.layout = self.backend.register(pool, aux)
@@ -77,6 +85,17 @@ class Endpoint(ABC):
     def release(self, room: int) -> Room:
         """Forget a finished room (FAILED or SUCCESS) and return its record (timings, reason)."""
         return self.rooms.release(room)
+
+    @property
+    def broken(self) -> str | None:
+        """Why this endpoint's own backend reaches no peer (bootstrap/endpoint_health.py), or None.
+        Broken is for good: only a new process mends it. Any thread."""
+        return self._health.broken
+
+    def raise_if_broken(self) -> None:
+        """EndpointBrokenError when `broken`: the caller's process should end and start anew."""
+        if (why := self._health.broken) is not None:
+            raise EndpointBrokenError(f"transfer endpoint {self.name} is broken: {why}")
 
     def stats(self) -> EndpointStats:
         with self.rooms.cond:

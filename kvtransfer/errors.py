@@ -40,3 +40,8 @@ class TransferError(KVTransferError):
 
 class PeerDisconnectedError(TransferError):
     """The peer's process or connection is gone; every later write to it fails too until it is re-added."""
+
+
+class EndpointBrokenError(KVTransferError):
+    """This endpoint's own backend reaches no peer (bootstrap/endpoint_health.py): only a new process,
+    with a new backend, serves again."""

@@ -3,9 +3,11 @@
 For unit tests of callers (queues, rooms, the bootstrap protocol) without NIXL or sockets. Knobs
 make it misbehave on purpose: `fail_writes` fails every post, `hold_writes` keeps writes in
 TRANSFERRING until `complete_held()`, `drop_notifications` loses them, `unrecallable_writes` lets
-held writes land even after release() (as tcp pieces already queued in ZMQ do). Like tcp it is revocable: a
-write lands only inside the receiver's open window for it (set `revocable = False` on the receiving
-instance to model nixl's one-sided writes, which land regardless).
+held writes land even after release() (as tcp pieces already queued in ZMQ do), `unreachable` plays
+a UCX worker made while its host's link was down (add_peer raises here, and at any peer that loads
+this backend's metadata). Like tcp it is revocable: a write lands only inside the receiver's open
+window for it (set `revocable = False` on the receiving instance to model nixl's one-sided writes,
+which land regardless).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class FakeBackend(TransferBackend):
         self.hold_writes = False
         self.drop_notifications = False
         self.unrecallable_writes = False
+        self.unreachable = False  # set before metadata() goes out for a peer to see it
         self._peers: dict[str, PeerInfo] = {}
         self._xfers: dict[XferId, tuple[TransferState, str, KVTransferError | None]] = {}
         self._held: list[tuple[XferId, Callable[[], None]]] = []
@@ -52,10 +55,14 @@ class FakeBackend(TransferBackend):
         return self.layout
 
     def metadata(self) -> bytes:
-        return msgpack.packb({"name": self.endpoint_name, "layout": self.layout.to_wire()})
+        return msgpack.packb({"name": self.endpoint_name, "layout": self.layout.to_wire(),
+                              "unreachable": self.unreachable})
 
     def add_peer(self, metadata: bytes) -> PeerInfo:
         d = msgpack.unpackb(metadata)
+        if self.unreachable or d.get("unreachable"):
+            who = self.endpoint_name if self.unreachable else d["name"]
+            raise TransferError(f"fake backend: {who} is unreachable (made while its link was down)")
         info = PeerInfo(d["name"], PoolLayout.from_wire(d["layout"]))
         self.layout.check_peer(info.layout)
         self._peers[info.name] = info

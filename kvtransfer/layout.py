@@ -9,10 +9,12 @@ notification; the notification then proves that all of it landed.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from raypd.kvtransfer.errors import LayoutError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ the moment poll() says so. How depends on the backend:
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import torch
 import zmq
 
 from raypd.kvtransfer.base import TransferState
@@ -31,6 +31,9 @@ from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
 from raypd.kvtransfer.endpoint import Endpoint
 from raypd.kvtransfer.rooms import Room
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 S = TransferState
@@ -118,8 +121,10 @@ class KVReceiver(Endpoint):
     def _on_message(self, link: BootstrapLink, msg: schema.Message) -> None:
         if isinstance(msg, schema.Registered):
             if not msg.ok:
+                self._health.registration_refused(msg.name or link.address, msg.error)
                 self._link_dead(link.address, f"registration refused: {msg.error}")
                 return
+            self._health.peer_accepted(msg.name)
             link.registered, link.server_name = True, msg.name
             for r in self.rooms.live():
                 if r.peer == link.address:

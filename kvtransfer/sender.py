@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 import zmq
 
 from raypd.kvtransfer.base import PeerInfo, TransferState
@@ -28,6 +28,9 @@ from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
 from raypd.kvtransfer.endpoint import Endpoint
 from raypd.kvtransfer.errors import BlockIdError, KVTransferError, PeerDisconnectedError, RoomError
 from raypd.kvtransfer.rooms import Room
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 S = TransferState
@@ -179,7 +182,9 @@ class KVSender(Endpoint):
         try:
             info = self.backend.add_peer(msg.metadata)
         except Exception as e:  # bad metadata must not reach the loop
-            return refuse(f"{type(e).__name__}: {e}", exc_info=True)   # where in the backend it failed
+            # A backend made with no network that refuses a peer is broken (bootstrap/endpoint_health.py).
+            return refuse(self._health.add_peer_failed(name, e), exc_info=True)   # where in the backend it failed
+        self._health.peer_accepted(name)
         if info.name != name:
             self.backend.remove_peer(info.name)
             return refuse(f"metadata names {info.name!r}, not {name!r}")

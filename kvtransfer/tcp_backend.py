@@ -39,6 +39,7 @@ from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_serve
 from raypd.kvtransfer.descriptors import coalesce_runs
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
 from raypd.kvtransfer.layout import PoolLayout
+from raypd.kvtransfer.nixl.ucx_transport import PeerTransport
 
 log = logging.getLogger(__name__)
 _VERSION = 2
@@ -190,6 +191,9 @@ class TcpBackend(TransferBackend):
     def close_window(self, notification: bytes) -> None:
         # Pieces still queued in ZMQ are read later and dropped: the check is per piece, on this thread.
         self._windows.pop(bytes(notification), None)
+
+    def transports(self) -> PeerTransport:
+        return PeerTransport(("tcp",), None, True, "raypd's tcp backend: ZMQ over the kernel's TCP")
 
     def notifications(self) -> list[Notification]:
         self._pump()

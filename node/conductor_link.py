@@ -79,11 +79,12 @@ class ConductorLink:
             except RuntimeError:  # the loop is closed: the task is gone with it
                 pass
 
-    async def register(self) -> None:
+    async def register(self, timeout_s: float | None = None) -> None:
+        """Register the node; `timeout_s` bounds the wait (default: call_timeout_s, the background's)."""
         info = await self.node.ready()
-        await self._call(self.conductor.register_node.remote(
+        await asyncio.wait_for(self.conductor.register_node.remote(
             self.node.name, self.node.role, self.node.host, self.self_handle, info.get("bootstrap_address", ""),
-            info.get("kv_seq", 0), info.get("duty", "")))
+            info.get("kv_seq", 0), info.get("duty", "")), timeout_s or self.call_timeout_s)
         self.registered = True
 
     async def _run(self) -> None:

@@ -13,7 +13,9 @@ final chunk, every pending one-shot reply (prefill, prefix copies) fails with No
 ready() and every engine call fail from then on, the Conductor is told the node is dead, and, inside
 Ray, the actor kills itself with restart allowed, so Ray starts a fresh incarnation while the
 actor's max_restarts lasts (the node pool then re-attaches it). A crashed node never answers
-"ready" and never re-registers as idle.
+"ready" and never re-registers as idle. A duty whose transfer endpoint is broken (its backend
+reaches no peer: kvtransfer/bootstrap/endpoint_health.py) raises EndpointBrokenError
+from its tick and takes this path too: only a new process gets a backend that reaches the network.
 """
 from __future__ import annotations
 
@@ -55,6 +57,9 @@ PUBLISH_EVERY_S = 0.1
 # while it is away for long) the oldest are dropped past this many: the Conductor sees the sequence
 # gap and re-reads the node's cache from a snapshot, so a bounded buffer loses nothing it needs.
 KV_EVENT_BUFFER = 65536
+# The first registration's bound in attach_conductor(): the launch (60 s) and the node pool's
+# re-attach (30 s) wait on it with bounds of their own, and the shorter of the two wins.
+ATTACH_TIMEOUT_S = 60.0
 
 
 class NodeCore:
@@ -170,15 +175,18 @@ class NodeCore:
             self.loop.call(abort, req.request_id, "aborted by the client")
             raise
 
-    async def attach_conductor(self, conductor: Any, node: LinkedNode) -> None:
+    async def attach_conductor(self, conductor: Any, node: LinkedNode, timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         """Register `node` (the actor object) with the Conductor, then keep it informed: KV events,
-        load reports (heartbeats)."""
+        load reports (heartbeats). The registration waits up to `timeout_s`: its caller (a launch, the
+        node pool re-attaching a restarted node) is waiting for it, on a machine that may be loaded,
+        so it gets a launch's patience rather than the link's bound on each background call (CI once
+        saw a live Conductor answer a launch's registration after more than that)."""
         import ray
 
         if self._conductor_link is not None:
             self._conductor_link.stop()
         self._conductor_link = ConductorLink(node, conductor, ray.get_runtime_context().current_actor)
-        await self._conductor_link.register()
+        await self._conductor_link.register(timeout_s)
         self._conductor_link.start()
 
     def shutdown(self) -> None:

@@ -40,7 +40,9 @@ class DutyLoad:
 
 class NodeDuty(Protocol):
     def tick(self) -> bool:
-        """Advance the stages; True while transfers need fast polling (engine thread)."""
+        """Advance the stages; True while transfers need fast polling (engine thread). Raises
+        EndpointBrokenError when one of the duty's transfer endpoints is broken: the engine thread
+        then ends as in a crash, and the node restarts with new endpoints (node_core.py)."""
         ...
 
     def on_outputs(self, outputs: list[StepOutput]) -> None:

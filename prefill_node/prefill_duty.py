@@ -157,6 +157,10 @@ class PrefillDuty:
         return pr is not None
 
     def tick(self) -> bool:
+        # A broken endpoint (kvtransfer's endpoint_health.py) ends the engine thread as a crash does:
+        # the node then fails everything it holds and restarts, with a new backend.
+        self.sender.raise_if_broken()
+        self.receiver.raise_if_broken()
         if self.bootstrap:
             self._end(self.bootstrap.pop_ended())
             for pr in self.bootstrap.pop_ready(self._early_slots()):
@@ -222,7 +226,9 @@ class PrefillDuty:
                   "inflight": len(f) - f.num_aborting, "aborting": b.num_aborting + w.num_aborting + f.num_aborting}
         c = self.copies
         return {"queues": queues, "completed": self.num_completed, "failed": self.num_failed,
-                "refused": self.num_refused, "displaced": self.num_displaced, "transfer": asdict(self.sender.stats()),
+                "refused": self.num_refused, "displaced": self.num_displaced,
+                # which transports the sender's writes take (TransferBackend.transports; off by default)
+                "transfer": {**asdict(self.sender.stats()), "transports": asdict(self.sender.backend.transports())},
                 "prefix_copies": {"exported": c.num_exported, "imported": c.num_imported, "failed": c.num_failed},
                 "kv_writes": self.kv_writes.stats()}
 

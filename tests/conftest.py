@@ -260,7 +260,9 @@ def one_process_tests_start_no_ray(request):
 # a Conductor alone, one small real-model cluster whose test checks only the processes it started
 # (own_processes). Each is a group of its own, beside the one-process tests and the "ray" group.
 OWN_GROUP = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl_completion.py",
-             "tests/kvtransfer/test_bench_smoke.py", "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py",
+             "tests/kvtransfer/test_transport_report.py",
+             "tests/kvtransfer/test_bench_smoke.py", "tests/kvtransfer/test_broken_endpoint_lab.py",
+             "tests/engine/test_cpu_paths.py", "tests/engine/test_bench_smoke.py",
              "tests/engine/test_cli.py", "tests/cluster/test_ray_init.py", "tests/conductor/test_actor.py",
              "tests/cluster/test_gpu_placement.py", "tests/cluster/test_gpu_smoke.py",
              "tests/bench_serve/test_two_systems.py"}
@@ -273,7 +275,7 @@ RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_chaos/test_cha
             "tests/bench_soak/test_soak_short.py",
             "tests/bench_tenants/test_tenants_short.py", "tests/pool_scaling/test_autoscale_serve.py",
             "tests/bench_autoscale/test_autoscale_short.py",
-            "tests/lab/test_lab.py", "tests/lab/test_pd_across_hosts.py", "tests/lab/test_serve_across_hosts.py",
+            "tests/lab/test_lab.py", "tests/lab/test_pd_across_racks.py",
             "tests/lab/test_host_faults.py", "tests/bench_links/test_links_lab.py",
             "tests/lab/test_ray_up_local.py"}
 

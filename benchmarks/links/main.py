@@ -12,7 +12,7 @@ RAYPD_DATA_PLANE_SECRET when set, else a fresh one for this run). For every orde
 one-block writes and --reps writes of the whole pool, each timed from the write posted to the bytes
 at the peer; bandwidth is the big write's bytes over its median time, latency the small write's
 median time (pairs.py). With nixl, each pair also says which UCX transport its writes took
-(ucx_transport.py): between two machines it must be a network one (tcp, rc, ...), never CMA or
+(kvtransfer/nixl/ucx_transport.py): between two machines it must be a network one (tcp, rc, ...), never CMA or
 shared memory. A second probe on the first node measures two processes on one machine
 (defaults.same_host), unless --no-same-host.
 

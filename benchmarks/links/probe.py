@@ -3,7 +3,7 @@ pool in host memory (allocated as the engine allocates its pool: engine/cache/ho
 per link it takes part in, an endpoint of that link's own: a KVSender on the writing probe, a
 KVReceiver on the other. With the nixl backend each is a fresh NIXL agent whose only peer is the
 other end, so that UCX's protocol table for the writing agent names that one peer's transport
-(ucx_transport.py), and closing the link leaves no peer behind to time out later.
+(kvtransfer/nixl/ucx_transport.py), and closing the link leaves no peer behind to time out later.
 
 One link, driven by the caller (measure.py), each call bounded by the probe's timeout:
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from raypd.benchmarks.links import ucx_transport
-from raypd.benchmarks.links.ucx_transport import PeerTransport
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
+from raypd.kvtransfer.nixl import ucx_transport
+from raypd.kvtransfer.nixl.ucx_transport import PeerTransport
 
 AUX_SLOTS, AUX_BYTES = 1, 64   # the aux slot every real transfer carries beside its blocks
 

@@ -2,11 +2,13 @@
 
 With no arguments: a local Ray instance, 1 prefill + 1 decode node on CPU with the embedded SmolLM2
 through NIXL, the endpoint on http://127.0.0.1:8000/v1. It runs until Ctrl-C or SIGTERM, then
-stops Serve (the NodePool's shutdown stops the nodes), kills any node actor still alive and stops
-Ray. A bad option, a port in use or a missing model ends it with one line on stderr and status 2.
+stops Serve (the NodePool's shutdown stops the nodes), kills any actor of the app still alive (the
+nodes and the Conductor are detached: cluster/serve/node_pool.py) and stops Ray. A bad option, a
+port in use or a missing model ends it with one line on stderr and status 2.
 
     start:  check options, port, model -> ray.init -> serve.start(host, port) -> serve.run(app)
-    stop:   serve.shutdown (local) | serve.delete(app) (joined cluster) -> kill nodes -> ray.shutdown
+    stop:   serve.shutdown (local) | serve.delete(app) (joined cluster) -> kill what is left in the
+            app's namespace -> ray.shutdown
 """
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ from typing import TYPE_CHECKING
 
 from raypd.cluster.cli.engine_args import add_engine_args, engine_options
 from raypd.cluster.cli.transfer_args import add_transfer_args, transfer_options
-from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.launch.gpu_budget import cluster_gpus
 from raypd.cluster.launch.ray_init import init_ray, reason
 
@@ -247,7 +248,6 @@ class Server:
         self.config = config
         self.args = args
         self.started_ray = False
-        self.nodes: list[NodeHandle] = []  # to kill any node actor the app's shutdown left behind
 
     def start(self) -> None:
         import ray
@@ -277,10 +277,10 @@ class Server:
         except RuntimeError as e:
             raise ServeStartError(f"the application failed to deploy: {reason(e)}") from None
         pool = serve.get_deployment_handle("NodePool", app_name=self.config.app_name)
-        self.nodes = pool.nodes.remote().result()
+        nodes = pool.nodes.remote().result()
         layout = (f"{self.config.mixed_nodes} mixed" if self.config.mixed_nodes else
                   f"{self.config.prefill_nodes} prefill + {self.config.decode_nodes} decode")
-        log.info("nodes: %s (%s); policy %s", ", ".join(n.name for n in self.nodes), layout, self.config.policy)
+        log.info("nodes: %s (%s); policy %s", ", ".join(n.name for n in nodes), layout, self.config.policy)
         if (scaling := self.config.autoscale_config()) is not None:
             log.info("autoscaling %s for TTFT <= %g s and TPOT <= %g s in %.0f%% of the requests of the last %g s",
                      ", ".join(map(str, scaling.ranges)), scaling.ttft_target_s, scaling.tpot_target_s,
@@ -316,13 +316,10 @@ class Server:
         import ray
         from ray import serve
 
+        from raypd.cluster.launch.named_actors import kill_namespace
+
         if not ray.is_initialized():
             return
-        try:   # the autoscaler may have added nodes since start: kill those too if the app leaves any
-            pool = serve.get_deployment_handle("NodePool", app_name=self.config.app_name)
-            self.nodes = pool.nodes.remote().result(timeout_s=10)
-        except Exception as e:  # noqa: BLE001 - the pool is gone or never started: keep the list from start
-            log.debug("could not refresh the node list: %s", reason(e))
         try:
             if self.started_ray:
                 serve.shutdown()
@@ -330,11 +327,11 @@ class Server:
                 serve.delete(self.config.app_name)
         except Exception as e:  # noqa: BLE001 - keep going: the nodes and Ray must still stop
             log.warning("stopping Serve failed: %s", reason(e))
-        for node in self.nodes:  # normally already gone with the NodePool; make sure
-            try:
-                ray.kill(node.actor)
-            except Exception as e:  # noqa: BLE001 - keep killing the others
-                log.warning("could not kill node %s: %s", node.name, reason(e))
+        try:   # normally gone with the NodePool; not if its replica was down when the app went
+            if left := kill_namespace(self.config.namespace):
+                log.warning("killed what the app left running: %s", ", ".join(left))
+        except Exception as e:  # noqa: BLE001 - Ray must still stop
+            log.warning("could not kill the app's actors: %s", reason(e))
         ray.shutdown()
         log.info("stopped")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-# kvtransfer/nixl_params.py NIXL_BACKENDS; written out so that parsing flags imports no torch.
+# kvtransfer/nixl/params.py NIXL_BACKENDS; written out so that parsing flags imports no torch.
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 
 

@@ -5,6 +5,12 @@
 
 Each actor gets the Ray resources it asks for (num_cpus here, num_gpus on GPU clusters) and pins
 torch to that many threads. Ray itself is joined or started by ray_init.init_ray.
+
+By default the actors belong to the process that starts them and die with it. With spec.namespace
+(the Serve node pool's: adoption.py) they are detached and named in that namespace, so they
+outlive the pool replica that started them; a start there adopts the live ones instead of starting
+them again, kills what older deployments of the same app left, and stop() kills everything left in
+the namespace.
 """
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ from dataclasses import dataclass, field, replace
 import ray
 
 from raypd.cluster.client.node_handles import NodeHandle
+from raypd.cluster.launch import adoption
 from raypd.cluster.launch.gpu_budget import check_gpus_per_node, cluster_gpus, gpus_per_node
+from raypd.cluster.launch.named_actors import kill_named, kill_namespace, restarts_of
 from raypd.cluster.launch.placement import (
     ROLE_LABEL,
     NoControlPlaneMachine,
@@ -68,6 +76,10 @@ class ClusterSpec:
     # Raise it to add nodes later (add_nodes) without waiting on resources.
     ray_cpus: int | None = None
     name_prefix: str = "raypd"
+    # None: the actors are owned by the starting process. Else the Ray namespace of one deployment
+    # of a Serve app (adoption.app_namespace): the Conductor and the nodes are detached and named
+    # there, and a start adopts the live ones it finds there (module docstring).
+    namespace: str | None = None
     # Routing: None = the driver's round-robin, no Conductor; else a Conductor policy name
     # (round_robin, least_loaded, cache_aware, cost) and optionally a topology YAML file.
     policy: str | None = None
@@ -136,24 +148,93 @@ class NodeCluster:
         self.spec = spec
         self.nodes: list[NodeHandle] = []
         self._started_ray = started_ray
-        self._counters: dict[str, int] = {}
+        self._counters: dict[Role, int] = {}   # per role, the index of its next node's name
         self.conductor = None  # the Conductor actor handle when spec.policy is set
+        # Ray's restart count of each adopted node and of an adopted Conductor: the incarnation the
+        # node pool's supervisor goes on from (0 for what this cluster started).
+        self.incarnations: dict[str, int] = {}
+        self.conductor_incarnation = 0
 
     @classmethod
     def start(cls, spec: ClusterSpec, address: str | None = None) -> NodeCluster:
-        """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel."""
+        """Start Ray here (or join `address`) and the spec's nodes, all loading in parallel. With
+        spec.namespace, first adopt what runs there (adopt()) and start only what is missing."""
         started_ray = init_ray(address, spec.cpus_per_node * len(spec.roles()), num_cpus=spec.ray_cpus,
                                local_options={"include_dashboard": False}, log_to_driver=False).started
         spec = replace(spec, gpus_per_node=gpus_per_node(spec.gpus_per_node, cluster_gpus()))
         cluster = cls(spec, started_ray)
         try:
-            if spec.policy is not None:
+            found = cluster._find()
+            if spec.policy is not None:   # a running one of its name is the one it gets (get_if_exists)
                 cluster.conductor = _start_conductor(spec, spec.policy)
-            cluster.add_nodes(spec.roles(), duties=spec.duties())
+                if found.conductor:
+                    cluster.conductor_incarnation = restarts_of(cluster.conductor)
+            cluster.adopt(found.nodes)
+            todo = adoption.missing(spec.roles(), spec.duties(), [n.role for n in cluster.nodes])
+            if todo:
+                cluster.add_nodes([role for role, _ in todo], duties=[duty for _, duty in todo])
         except BaseException:
             cluster.stop()
             raise
         return cluster
+
+    def _find(self) -> adoption.Found:
+        """This deployment's live actors in its namespace; what older deployments of the app left is
+        killed here (nothing else would: their pool is gone)."""
+        if self.spec.namespace is None:
+            return adoption.Found((), False, ())
+        found = adoption.find(ray.util.list_named_actors(all_namespaces=True), self.spec.namespace,
+                              self.spec.name_prefix)
+        if found.stale:
+            log.warning("killing %d actor(s) an older deployment of this app left: %s", len(found.stale),
+                        ", ".join(f"{ns}:{name}" for ns, name in found.stale))
+            for namespace, name in found.stale:
+                kill_named(name, namespace)
+        return found
+
+    def adopt(self, names: Sequence[str]) -> list[NodeHandle]:
+        """Take over the node actors `names` of this namespace (a pool replica's predecessor started
+        them): each must answer ready() within the start timeout as the role its name says; it keeps
+        its incarnation (Ray's restart count) and its cache. One that does not is killed (the caller
+        starts a node in its place). Each is attached to the Conductor unless it is registered
+        there already, and a drain its old pool left half done is called off."""
+        actors = {}
+        for name in names:
+            parsed = adoption.parse_node_name(self.spec.name_prefix, name)
+            if parsed is None:
+                continue
+            try:
+                actors[name] = (parsed[0], ray.get_actor(name, namespace=self.spec.namespace))
+            except ValueError:   # gone since the listing
+                continue
+        refs = {name: actor.ready.remote() for name, (_, actor) in actors.items()}
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.spec.start_timeout_s)
+        adopted = []
+        for name, (role, actor) in actors.items():
+            try:
+                info = ray.get(refs[name], timeout=0)
+                if info.get("role") != role:
+                    raise ClusterStartError(f"it answers as a {info.get('role')} node")
+            except Exception as e:  # noqa: BLE001 - a node that cannot be adopted is replaced
+                log.warning("not adopting node %s (killed, a new one starts): %s", name, reason(e))
+                ray.kill(actor)
+                continue
+            adopted.append(NodeHandle(name, role, actor, info["host"], info["num_blocks"],
+                                      info.get("bootstrap_address", "")))
+            self.incarnations[name] = restarts_of(actor)
+        self._counters.update(adoption.next_indices(self.spec.name_prefix, names))
+        if self.conductor is not None and adopted:
+            status = ray.get(self.conductor.status.remote(), timeout=60)["nodes"]
+            unregistered = [h for h in adopted if not status.get(h.name, {}).get("alive")]
+            ray.get([h.actor.attach_conductor.remote(self.conductor) for h in unregistered], timeout=60)
+            ray.get([self.conductor.retire_node.remote(h.name, False) for h in adopted
+                     if status.get(h.name, {}).get("retiring")], timeout=60)
+        if adopted:
+            log.info("adopted node(s) %s", ", ".join(f"{h.name} (incarnation {self.incarnations[h.name]})"
+                                                     for h in adopted))
+        self.nodes.extend(adopted)
+        return adopted
 
     def add_nodes(self, roles: Sequence[Role | str], engine_options: dict | None = None,
                   transfer_options: dict | None = None, duties: Sequence[Duty | None] | None = None) -> list[NodeHandle]:
@@ -163,7 +244,7 @@ class NodeCluster:
         for role, duty in zip(map(Role.parse, roles), duties or [None] * len(roles), strict=True):
             n = self._counters.get(role, 0)
             self._counters[role] = n + 1
-            name = f"{self.spec.name_prefix}-{role}-{n}"
+            name = adoption.node_name(self.spec.name_prefix, role, n)
             created.append((name, role, _create_actor(self.spec, role, name, engine_options or {},
                                                       transfer_options or {}, duty)))
         try:
@@ -192,7 +273,8 @@ class NodeCluster:
         self.nodes = [n for n in self.nodes if n.name != node.name]
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """Ask each node to close its transfer endpoint, then kill the actors (and Ray if we started it)."""
+        """Ask each node to close its transfer endpoint, then kill the actors (and Ray if we started
+        it); with a namespace, also whatever else is left in it."""
         refs = [n.actor.shutdown.remote() for n in self.nodes]
         if refs:
             try:
@@ -205,6 +287,8 @@ class NodeCluster:
         if self.conductor is not None:
             ray.kill(self.conductor)
             self.conductor = None
+        if self.spec.namespace is not None:
+            kill_namespace(self.spec.namespace)
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
@@ -242,7 +326,8 @@ def _start_conductor(spec: ClusterSpec, policy: str):
     config = conductor_config(spec, policy)
     # Parsed here, so a bad file fails the launch with its reason, and the actor may run elsewhere.
     topology = Topology.from_yaml(spec.topology_file) if spec.topology_file else None
-    conductor = start_conductor(name=f"{spec.name_prefix}-conductor", config=config, topology=topology,
+    conductor = start_conductor(name=adoption.conductor_name(spec.name_prefix), namespace=spec.namespace,
+                                detached=spec.namespace is not None, config=config, topology=topology,
                                 label_selector=control_plane_selector(spec.place_by_role))
     try:  # answered once constructed: nodes register with a Conductor that is there
         ray.get(conductor.status.remote(), timeout=spec.start_timeout_s)
@@ -275,9 +360,11 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
         kwargs["prealloc_timeout_s"] = spec.prealloc_timeout_s
     if role is Role.FLEX:
         kwargs["duty"] = duty or Duty.DECODE
-    placement = {"label_selector": {ROLE_LABEL: placement_label(role)}} if spec.place_by_role else {}
+    where: dict = {"label_selector": {ROLE_LABEL: placement_label(role)}} if spec.place_by_role else {}
+    if spec.namespace is not None:   # outlives the node pool replica that creates it (module docstring)
+        where |= {"namespace": spec.namespace, "lifetime": "detached"}
     remote = ray.remote(cls).options(name=name, num_cpus=spec.cpus_per_node, num_gpus=spec.gpus_per_node,
-                                     max_concurrency=1000, max_restarts=spec.max_node_restarts, **placement)
+                                     max_concurrency=1000, max_restarts=spec.max_node_restarts, **where)
     return remote.remote(**kwargs)
 
 

@@ -10,8 +10,18 @@ each Ray node carries the label raypd.io/role (cluster/cluster.yaml, the Helm ch
                          every stream)
 
 Without --place-by-role nothing is constrained (one machine, or a cluster without labels).
+
+Several ingress replicas spread over the hosts that may run them (those labelled for the control
+plane, or with no --place-by-role any): at most ceil(replicas / hosts) on one, Serve's
+max_replicas_per_node, so losing one host takes the fewest replicas. The hosts are counted when the
+app is built, so the cap always fits the cluster it deploys on (one head and 2 replicas: no cap,
+both on the head); a host lost later leaves its replicas waiting for a host with room while the
+others serve. With ingress CPUs and no --place-by-role, the hosts' free CPUs are not known to fit:
+no cap (Serve still spreads replicas by default, without a promise).
 """
 from __future__ import annotations
+
+import math
 
 from raypd.protocol.roles import Role
 
@@ -45,3 +55,16 @@ def check_control_plane_machine(nodes: list[dict]) -> None:
             f"--place-by-role puts the ingress, the node pool and the Conductor on Ray nodes labelled "
             f"{ROLE_LABEL}={' or '.join(CONTROL_PLANE_ROLES)}, and no live node is (their labels: {', '.join(roles)}); "
             f"label the head: ray start --head --labels {ROLE_LABEL}=head")
+
+
+def control_plane_hosts(nodes: list[dict], place_by_role: bool) -> int:
+    """The live Ray nodes (ray.nodes()) an ingress replica may run on."""
+    return sum(1 for n in nodes if n.get("Alive") and
+               (not place_by_role or n.get("Labels", {}).get(ROLE_LABEL) in CONTROL_PLANE_ROLES))
+
+
+def ingress_replicas_per_host(replicas: int, hosts: int, place_by_role: bool, ingress_cpus: float) -> int | None:
+    """Serve's max_replicas_per_node for the ingress (module docstring); None: no cap."""
+    if replicas <= 1 or hosts <= 1 or (ingress_cpus > 0 and not place_by_role):
+        return None
+    return math.ceil(replicas / hosts)

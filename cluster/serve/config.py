@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from raypd.cluster.autoscale.config import AutoscaleConfig, AutoscaleConfigError, parse_autoscale
+from raypd.cluster.launch.adoption import app_namespace, new_deployment_id
 from raypd.cluster.launch.gpu_budget import GpuBudgetError, check_gpus_per_node, gpus_per_node
 from raypd.cluster.launch.local_cluster import ClusterSpec
 from raypd.cluster.openai.api_keys import KeyRing, KeysFileError
@@ -99,6 +100,11 @@ class ServeConfig:
     autoscale_window_s: float = 30.0
     autoscale_options: dict = field(default_factory=dict)   # AutoscaleConfig's other fields (holds, cooldowns)
     app_name: str = "raypd"
+    # This deployment of the app (one serve.run, one apply of a Serve config), made once here so the
+    # node pool's replicas share it: its actors live in a namespace of their own
+    # (cluster/launch/adoption.py), which a replica Serve starts in place of a lost one adopts, and
+    # which a newer deployment never adopts (its config may differ) but cleans up.
+    deployment_id: str = field(default_factory=new_deployment_id, compare=False)
     # Proven by every data plane connection (kvtransfer/data_plane_auth.py). None: taken from the
     # environment variable RAYPD_DATA_PLANE_SECRET (the Helm chart fills it from a Kubernetes Secret),
     # else a fresh random one; made once here, so the node pool and every ingress replica share it.
@@ -176,7 +182,7 @@ class ServeConfig:
     @classmethod
     def from_args(cls, args: dict) -> ServeConfig:
         """From a Serve config file's `args` (unknown keys are an error, not silently dropped)."""
-        known = {f.name for f in fields(cls)} - {"data_plane_secret"}
+        known = {f.name for f in fields(cls)} - {"data_plane_secret", "deployment_id"}  # made, never given
         if "data_plane_secret" in args:  # a Serve config file is shown in the dashboard: no secrets there
             raise ServeConfigError(f"the data plane secret is read from {SECRET_ENV}, not from the app args")
         unknown = sorted(set(args) - known)
@@ -284,12 +290,18 @@ class ServeConfig:
                 prefill = r.most - decode
         return prefill, decode, mixed
 
+    @property
+    def namespace(self) -> str:
+        """The Ray namespace of this deployment's Conductor and node actors."""
+        return app_namespace(self.app_name, self.deployment_id)
+
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec(prefill_nodes=self.prefill_nodes, decode_nodes=self.decode_nodes,
                            mixed_nodes=self.mixed_nodes, model=self.model, engine_options=dict(self.engine_options),
                            transfer_options=dict(self.transfer_options), cpus_per_node=self.cpus_per_node,
                            gpus_per_node=self.gpus_per_node, place_by_role=self.place_by_role, name_prefix=self.app_name,
-                           policy=self.policy, topology_file=self.topology, max_node_restarts=self.max_node_restarts,
+                           namespace=self.namespace, policy=self.policy, topology_file=self.topology,
+                           max_node_restarts=self.max_node_restarts,
                            data_plane_secret=self.secret, chaos_hooks=self.chaos_hooks,
                            local_prefill_budget=self.local_prefill_budget if self.adaptive else None,
                            flex=self.adaptive, tpot_target_s=self.tpot_target_s if self.adaptive else None,

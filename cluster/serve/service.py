@@ -82,15 +82,17 @@ class OpenAIService:
         return {"status": "alive"}
 
     async def node_status(self, timeout_s: float = 10.0) -> dict:
-        """Per node: what it still holds (check_idle: zeros when idle) and its load; for operators and
-        for tests that prove a disconnect freed everything."""
+        """Per node: what it still holds (check_idle: zeros when idle), its load and its transfer stats
+        (a prefill node's names the transports its writes took); for operators and for tests that
+        prove a disconnect freed everything."""
         async def one(n: NodeHandle) -> dict:
             try:
-                idle, load = await asyncio.wait_for(
-                    asyncio.gather(n.actor.check_idle.remote(), n.actor.load_report.remote()), timeout_s)
+                idle, load, stats = await asyncio.wait_for(asyncio.gather(
+                    n.actor.check_idle.remote(), n.actor.load_report.remote(), n.actor.stats.remote()), timeout_s)
                 return {"name": n.name, "role": n.role, "host": n.host.hostname, "pid": n.host.pid, "held": idle,
                         "idle": not any(idle.values()), "load": asdict(load),
-                        "breaker": self.generator.breaker.state(n.name).name.lower()}
+                        "breaker": self.generator.breaker.state(n.name).name.lower(),
+                        "transfer": stats.get("transfer")}   # its endpoint's rooms and, when on, transports
             except Exception as e:  # noqa: BLE001 - report the node as failing, keep the others
                 return {"name": n.name, "role": n.role, "host": n.host.hostname, "pid": n.host.pid,
                         "error": f"{type(e).__name__}: {e}"}

@@ -58,17 +58,22 @@ def state_after(error: BaseException) -> MemberState:
 
 class NodeSupervisor:
     def __init__(self, nodes: list[NodeHandle], conductor: Any = None, probe_interval_s: float = 1.0,
-                 probe_timeout_s: float = 5.0, attach_timeout_s: float = 30.0, stall_timeout_s: float = 60.0):
+                 probe_timeout_s: float = 5.0, attach_timeout_s: float = 30.0, stall_timeout_s: float = 60.0,
+                 incarnations: dict[str, int] | None = None, conductor_incarnation: int = 0):
+        """`incarnations`, `conductor_incarnation`: where the count goes on from for actors this
+        pool adopted (their restarts so far); 0 for the rest."""
         self.conductor = conductor
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.attach_timeout_s = attach_timeout_s
-        self._members = {n.name: Member(n) for n in nodes}
+        known = incarnations or {}
+        self._members = {n.name: Member(n, incarnation=known.get(n.name, 0), restarts=known.get(n.name, 0))
+                         for n in nodes}
         self._instances: dict[str, str] = {}   # node name -> instance id of the incarnation we know
         self._conductor_state = MemberState.LIVE if conductor is not None else MemberState.NONE
         self._conductor_instance = ""
-        self._conductor_incarnation = 0
+        self._conductor_incarnation = conductor_incarnation
         self._version = 0
         self._tasks: dict[str | None, asyncio.Task] = {}   # node name (None: the Conductor) -> its watch
         self._draining: set[str] = set()   # nodes the pool drains: DRAINING while their probes answer

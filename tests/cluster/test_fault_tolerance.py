@@ -1,9 +1,10 @@
 """Fault tolerance through HTTP with the official openai client, against a real `raypd serve`
 (2 prefill + 2 decode nodes over NIXL, Conductor routing): the failures are caused for real -
-SIGKILL of a node's or the Conductor's process, an injected engine-thread crash, a node frozen by
-SIGSTOP - and every test asserts what the client saw (outputs equal to a fault-free run of the same
-request) and that every surviving block is accounted for afterwards; a mid-stream kill also shows
-as one replay for the killed node in the ingress's log, counted in the metrics Ray exports.
+SIGKILL of a node's, the Conductor's or the node pool replica's process, an injected engine-thread
+crash, a node frozen by SIGSTOP - and every test asserts what the client saw (outputs equal to a
+fault-free run of the same request) and that every surviving block is accounted for afterwards; a
+mid-stream kill also shows as one replay for the killed node in the ingress's log, counted in the
+metrics Ray exports.
 
 One server for the module; each test leaves it with every node live again. It serves the tiny
 random-weight model (tests/tiny_model.py): what is checked is what a failure does to the streams
@@ -37,6 +38,7 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 TOKENS = 400
 LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
 RECOVER_S = 120  # bound on waiting for a restarted node to be live again
+NODE_POOL = "ServeReplica:raypd:NodePool"  # Ray's class name of the app's NodePool replica actor
 
 
 @pytest.fixture(scope="module")
@@ -329,6 +331,69 @@ def test_conductor_killed_under_load_fails_no_request(server, client):
         time.sleep(0.5)
     assert chat(client, prompt=prompts[0], max_tokens=24, temperature=0.0) == references[0]
     settle(server)
+
+
+def node_pool_pid(other_than: int = 0, timeout_s: float = RECOVER_S) -> int:
+    """The pid of the app's one live NodePool replica, once it is not `other_than` (Serve's
+    replacement), from the GCS's actor table: the server runs without the dashboard, which Ray's
+    state API needs."""
+    from ray._private.state import actors
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = [int(a["Pid"]) for a in actors(actor_state_name="ALIVE").values() if a["ActorClassName"] == NODE_POOL]
+        if len(pids) == 1 and pids[0] != other_than:
+            return pids[0]
+        assert time.monotonic() < deadline, f"no NodePool replica but pid {other_than} within {timeout_s}s: {pids}"
+        time.sleep(0.5)
+
+
+def node_pids(server) -> dict[str, int]:
+    return {n["name"]: n["pid"] for n in json.loads(request(server.port, "GET", "/admin/nodes")[2])["nodes"]}
+
+
+def test_node_pool_replica_killed_under_streams_keeps_every_node(server, client):
+    """SIGKILL of the NodePool's Serve replica while streams run. The nodes and the Conductor are
+    detached, so no stream breaks (none is replayed, each ends as a fault-free run), and the replica
+    Serve starts in its place adopts the same actors: the same processes, each node with the
+    incarnation it had, which then serve."""
+    prompts = [f"{PROMPT} Chapter {i}." for i in range(3)]
+    references = [chat(client, prompt=p, max_tokens=TOKENS, temperature=0.0) for p in prompts]
+    settle(server)
+    before, pids = states(server), node_pids(server)
+    conductor_before = health(server)[1]["conductor"]["incarnation"]
+    conductor = named_actor("raypd-conductor")
+    conductor_pid = ray.get(conductor.status.remote(), timeout=30)["pid"]
+    time.sleep(2)  # two export intervals: what came before is in the baseline
+    replays_before = replays(server)
+    pool = node_pool_pid()
+    streaming = threading.Barrier(len(prompts) + 1, timeout=120)   # every stream past its 4th chunk, and the kill
+
+    def stream(prompt: str) -> str:
+        return stream_with_fault(client, streaming.wait, prompt=prompt, max_tokens=TOKENS, temperature=0.0).text
+
+    runs = [in_background(lambda p=p: stream(p)) for p in prompts]
+    streaming.wait()
+    sigkill(pool)
+    for t, _ in runs:
+        t.join(300)
+    assert [result.get("value", result.get("error")) for _, result in runs] == references
+    node_pool_pid(other_than=pool)   # Serve brought the replica back ...
+    # ... and it supervises the very nodes that served before, none of them restarted, listed as before,
+    # as the ingress reads the pool's membership (through HTTP: a Serve handle made in this process
+    # once waited out its timeout for a replica the ingress was already calling, under CI's load).
+    deadline = time.monotonic() + RECOVER_S
+    while (list(states(server).items()), health(server)[1]["conductor"]["incarnation"]) != \
+            (list(before.items()), conductor_before):
+        assert time.monotonic() < deadline, (states(server), before)
+        time.sleep(0.5)
+    assert node_pids(server) == pids
+    assert ray.get(conductor.status.remote(), timeout=30)["pid"] == conductor_pid
+    time.sleep(2)
+    assert replays(server) == replays_before
+    assert chat(client, prompt=prompts[0], max_tokens=TOKENS, temperature=0.0) == references[0]
+    settle(server)
+    assert states(server) == before
 
 
 def test_a_replacement_takes_traffic(server, client):

@@ -12,7 +12,7 @@ import pytest
 
 from raypd.cluster.serve.config import ServeConfig
 from raypd.kvtransfer import TransferConfig
-from raypd.kvtransfer.nixl_params import NIXL_BACKENDS, NicMap
+from raypd.kvtransfer.nixl.params import NIXL_BACKENDS, NicMap
 from tests.deploy import crd_schema
 from tests.deploy.chart_values import EFA, MIXED, RDMA
 from tests.deploy.conftest import CHART

@@ -8,8 +8,9 @@ import ctypes.util
 import pytest
 import torch
 
-from raypd.kvtransfer import BackendUnavailableError, TransferConfig, nixl_params
-from raypd.kvtransfer.nixl_backend import NixlBackend
+from raypd.kvtransfer import BackendUnavailableError, TransferConfig
+from raypd.kvtransfer.nixl import params as nixl_params
+from raypd.kvtransfer.nixl.backend import NixlBackend
 
 
 def pool():

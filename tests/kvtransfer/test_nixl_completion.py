@@ -2,7 +2,7 @@
 its notification arrives under the writer's name.
 
 Why this is a test of its own: notifications sent on the writing agent's UCX endpoint made every
-next write's flush wait for the peer's progress engine (see nixl_backend.py). Here the receiving
+next write's flush wait for the peer's progress engine (see kvtransfer/nixl/backend.py). Here the receiving
 child goes silent (no NIXL call at all) after the first notification; writes posted meanwhile
 must still reach SUCCESS, and their notifications must arrive once it listens again.
 """
@@ -35,7 +35,7 @@ def pool(seed: int):
 
 
 def receiver_child(conn) -> None:
-    from raypd.kvtransfer.nixl_backend import NixlBackend
+    from raypd.kvtransfer.nixl.backend import NixlBackend
     backend = NixlBackend(TransferConfig(), "rcv-node")
     blocks, aux = pool(2)
     backend.register(blocks, aux)
@@ -75,7 +75,7 @@ def expect(conn, timeout: float = WAIT_S):
 
 
 def test_writes_complete_while_the_peer_is_silent():
-    from raypd.kvtransfer.nixl_backend import NixlBackend
+    from raypd.kvtransfer.nixl.backend import NixlBackend
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=receiver_child, args=(child_conn,), daemon=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raypd.kvtransfer import KVTransferError, TransferConfig, TransferConfigError
-from raypd.kvtransfer.nixl_params import NicMap, machine_gpu_index, rdma_devices, ucx_params
+from raypd.kvtransfer.nixl.params import NicMap, machine_gpu_index, rdma_devices, ucx_params
 
 
 def test_empty_map_leaves_the_choice_to_the_backend():

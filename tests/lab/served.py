@@ -1,6 +1,6 @@
-"""`raypd serve --place-by-role` on a lab (a head host, a prefill host, decode hosts), for the lab's
+"""`raypd serve --place-by-role` on a lab (a head host, prefill hosts, decode hosts), for the lab's
 serve tests: Ray started on every host with UCX restricted to the network, the server on the head
-host, and which host each raypd actor runs on."""
+host, which host each raypd actor runs on, and the nodes' state read from inside the head host."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from raypd.benchmarks.lab.hosts import Host, Lab
@@ -26,14 +27,22 @@ def serve_on_lab(lab: Lab, model: str, log_path: Path) -> tuple[LabRay, subproce
     head, prefill_host, *decode_hosts = lab.hosts
     lab_ray = start_ray(lab, {prefill_host.index: "prefill", **{h.index: "decode" for h in decode_hosts}},
                         cpus_per_host=2, extra_env=NETWORK_ONLY)
+    return lab_ray, serve(lab, lab_ray, model, log_path, prefill_nodes=1, decode_nodes=len(decode_hosts))
+
+
+def serve(lab: Lab, lab_ray: LabRay, model: str, log_path: Path, prefill_nodes: int, decode_nodes: int,
+          extra_args: Sequence[str] = ()) -> subprocess.Popen:
+    """`raypd serve --place-by-role` on host 0 of the lab's running Ray, with that many nodes of
+    `model`; returns once it is ready. SIGINT stops it (it removes its app and nodes, not Ray)."""
+    head = lab.hosts[0]
     with open(log_path, "w") as log:
         server = lab.popen(head, [sys.executable, "-m", "raypd", "serve", "--address", lab_ray.address,
-                                  "--place-by-role", "--prefill-nodes", "1", "--decode-nodes", str(len(decode_hosts)),
-                                  "--cpus-per-node", "1", "--model", model, "--kv-cache-memory", "64",
-                                  "--host", head.ip, "--port", str(PORT), "--no-dashboard"],
+                                  "--place-by-role", "--prefill-nodes", str(prefill_nodes), "--decode-nodes",
+                                  str(decode_nodes), "--cpus-per-node", "1", "--model", model, "--kv-cache-memory",
+                                  "64", "--host", head.ip, "--port", str(PORT), "--no-dashboard", *extra_args],
                            env=lab_ray.driver_env(), stdout=log, stderr=subprocess.STDOUT)
     wait_for(log_path, server, READY, timeout_s=300)
-    return lab_ray, server
+    return server
 
 
 def url(head: Host) -> str:
@@ -60,7 +69,8 @@ def actors_by_host(lab: Lab) -> dict[str, set[str]]:
 
 
 # From inside the head host (this process cannot reach the lab's addresses): /health/ready and
-# /admin/nodes read by the chaos benchmark's parsers.
+# /admin/nodes read by the chaos benchmark's parsers, and each node's transport report (None for a
+# node without a transfer endpoint: a mixed one; network None where the report is off).
 NODE_STATE = textwrap.dedent("""
     import json, sys, urllib.error, urllib.request
     from raypd.benchmarks.chaos.health import parse_ready
@@ -72,9 +82,14 @@ NODE_STATE = textwrap.dedent("""
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
     ready = parse_ready(*get("/health/ready"))
-    held = sum_held(get("/admin/nodes")[1])
+    nodes = get("/admin/nodes")[1]
+    held = sum_held(nodes)
+    listed = nodes.get("nodes") if isinstance(nodes, dict) else None
+    transports = {n["name"]: (n.get("transfer") or {}).get("transports") for n in listed or []
+                  if isinstance(n, dict) and "name" in n}
     print(json.dumps({"live": sorted(n for n, m in ready.nodes.items() if m.state == "live"),
-                      "held": held.total, "idle": held.idle, "errors": held.errors}))
+                      "held": held.total, "idle": held.idle, "errors": held.errors,
+                      "blocks_in_use": held.blocks_in_use, "transports": transports}))
 """)
 
 

@@ -62,6 +62,19 @@ def stream_tokens(sink: TokenSink, end: StreamEnd) -> list[int]:
     return out
 
 
+class RecordingConductor:
+    """What a ConductorLink calls on the Conductor when its node fails: here only mark_dead is expected."""
+
+    def __init__(self):
+        self.dead: list[tuple[str, str]] = []
+
+        class MarkDead:
+            @staticmethod
+            def remote(name, reason):
+                self.dead.append((name, reason))
+        self.mark_dead = MarkDead()
+
+
 class TokenSink:
     """The caller's end of the token streams: a zmq PULL socket whose address goes in
     NodeRequest.reply_address."""

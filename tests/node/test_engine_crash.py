@@ -12,20 +12,7 @@ import pytest
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.node.engine_loop import NodeCrashedError
 from raypd.prefill_node.prefill_node import PrefillNode
-from tests.node.pd import ENDLESS, PATIENT, WAIT_S, TokenSink, prompt, request, wait_held
-
-
-class RecordingConductor:
-    """What a ConductorLink calls on the Conductor: here only mark_dead is expected."""
-
-    def __init__(self):
-        self.dead: list[tuple[str, str]] = []
-
-        class MarkDead:
-            @staticmethod
-            def remote(name, reason):
-                self.dead.append((name, reason))
-        self.mark_dead = MarkDead()
+from tests.node.pd import ENDLESS, PATIENT, WAIT_S, RecordingConductor, TokenSink, prompt, request, wait_held
 
 
 async def crash(node) -> None:

@@ -1,7 +1,7 @@
 """Back-pressure without Ray: the ingress replica's AdmissionGate (slots, a FIFO line, refusals,
 cancelled waiters), its 429s through the real app, the mapping of every "retry later" to 429 with
 Retry-After, a node's refusal (finish_reason OVERLOADED) in the Generator, and the Conductor's SLO
-rejection applying to new requests only. (A real flood runs in tests/serve/test_flood.py.)"""
+rejection applying to new requests only. (A real flood runs in tests/cluster/test_bounded_ingress.py.)"""
 from __future__ import annotations
 
 import asyncio

@@ -3,7 +3,7 @@ grows (prompts x n before tokenizing, JSON structure before parsing, text length
 tokenization and templates run off the event loop on a bounded pool, a slow body ends in 408, and a
 request past its deadline ends in 504 (or an error event in a stream) with its driver streams closed,
 which is the abort on both nodes. Driven through the ASGI app with the test doubles of
-test_ingress_app.py; the real server runs the same inputs in tests/cluster/test_hostile_ingress.py."""
+test_ingress_app.py; the real server runs the same inputs in tests/cluster/test_bounded_ingress.py."""
 from __future__ import annotations
 
 import asyncio

@@ -10,7 +10,7 @@ from raypd.cluster.cli.main import build_parser
 from raypd.cluster.cli.serve import config_from_args
 from raypd.cluster.serve.config import ServeConfig, ServeConfigError
 from raypd.kvtransfer import TransferConfig
-from raypd.kvtransfer.nixl_params import NIXL_BACKENDS, NicMap
+from raypd.kvtransfer.nixl.params import NIXL_BACKENDS, NicMap
 
 
 def serve_config(*argv: str) -> ServeConfig:

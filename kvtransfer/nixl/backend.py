@@ -4,7 +4,7 @@ cuda_ipc or RDMA for VRAM on GPU hosts; the same code registers either, by the t
 Backend. TransferConfig.nixl_backend picks the NIXL plugin: UCX (the default) or LIBFABRIC (AWS EFA);
 everything below was measured with UCX.
 The agent is made at register(), not before: the pool's device is what picks the UCX devices from
-the nixl_devices map (nixl_params.py), so each GPU's node uses the NICs next to its GPU.
+the nixl_devices map (params.py), so each GPU's node uses the NICs next to its GPU.
 
 Descriptor tables. Each side's table is prepped once (local at register(), remote at add_peer()) as
 two strided rows, so index i < num_blocks is block i and num_blocks + s is aux slot s:
@@ -59,7 +59,9 @@ from raypd.kvtransfer.errors import (
     TransferError,
 )
 from raypd.kvtransfer.layout import PoolLayout
-from raypd.kvtransfer.nixl_params import NicMap, machine_gpu_index, rdma_devices, ucx_params
+from raypd.kvtransfer.nixl import ucx_transport
+from raypd.kvtransfer.nixl.params import NicMap, machine_gpu_index, rdma_devices, ucx_params
+from raypd.kvtransfer.nixl.ucx_transport import PeerTransport
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ class NixlBackend(TransferBackend):
 
     def __init__(self, config: TransferConfig, endpoint_name: str):
         super().__init__(config, endpoint_name)
+        if config.nixl_backend == "UCX":
+            ucx_transport.ask_from_env()  # before nixl loads UCX: it reads its log settings only then
         nixl_agent, nixl_agent_config, bindings = _load_nixl()
         self._disconnect_error = bindings.nixlRemoteDisconnectError
         self._not_found_error = bindings.nixlNotFoundError
@@ -123,7 +127,7 @@ class NixlBackend(TransferBackend):
         agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=self.config.nixl_progress_thread, backends=[],
                                                    capture_telemetry=False))
         backend = self.config.nixl_backend
-        # LIBFABRIC: its plugin's defaults (it takes no devices; nixl_params.py). Not get_plugin_params:
+        # LIBFABRIC: its plugin's defaults (it takes no devices; params.py). Not get_plugin_params:
         # for a plugin that does not load, that logs a traceback before create_backend says why.
         params = ucx_params(agent.get_plugin_params("UCX"), self._devices) if backend == "UCX" else {}
         try:
@@ -266,6 +270,15 @@ class NixlBackend(TransferBackend):
         x = self._xfers.pop(xfer, None)
         if x is not None and x.handle is not None:
             self._release_handle(x)
+
+    def transports(self) -> PeerTransport:
+        """The transports of this endpoint's agent (its put tables in UCX's log: the union over every
+        peer it is connected to; the notifier agent sends no puts). Per-peer attribution is not
+        possible with one agent per endpoint (ucx_transport.py); the union is what proves that no
+        write took a same-machine transport. Off unless RAYPD_UCX_TRANSPORT_REPORT is set."""
+        if self.config.nixl_backend != "UCX":
+            return PeerTransport.unknown(f"NIXL's {self.config.nixl_backend} plugin prints no protocol table")
+        return ucx_transport.writes_of(self.endpoint_name)
 
     def notifications(self) -> list[Notification]:
         try:
