@@ -60,7 +60,7 @@ def bench_config(backend: str, secret: DataPlaneSecret, progress_thread: bool = 
     # Generous timeouts: a multi-GiB write on a loaded 2-core machine takes seconds.
     return TransferConfig(backend=backend, nixl_progress_thread=progress_thread,
                           bootstrap_timeout_s=60.0, transfer_timeout_s=300.0, heartbeat_interval_s=1.0,
-                          heartbeat_timeout_s=60.0, secret=secret)
+                          heartbeat_timeout_s=60.0, identity=secret.shared_identity())
 
 
 def make_pool(num_blocks: int, block_bytes: int, fill: int) -> tuple[torch.Tensor, torch.Tensor]:

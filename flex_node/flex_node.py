@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from raypd.decode_node.decode_duty import DecodeDuty
 from raypd.flex_node.duty_switch import DutySwitch
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.node.node_actor import NodeActor
 from raypd.node.node_core import NodeCore
 from raypd.prefill_node.prefill_duty import PrefillDuty
@@ -29,9 +29,9 @@ class FlexNode(NodeActor):
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 prealloc_timeout_s: float | None = None, data_plane_secret: DataPlaneSecret | None = None,
+                 prealloc_timeout_s: float | None = None, data_plane_identity: DataPlaneIdentity | None = None,
                  duty: Duty | str = Duty.DECODE, chaos_hooks: bool = False):
-        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret, chaos_hooks)
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_identity, chaos_hooks)
         prefill = PrefillDuty(core, name, transfer_options, aux_slots)
         decode = DecodeDuty(core, name, transfer_options, aux_slots, prealloc_timeout_s,
                             receiver_name=f"{name}-decode")

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
+from raypd.kvtransfer.data_plane_auth import process_identity
 from raypd.kvtransfer.errors import TransferConfigError
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.kvtransfer.nixl.params import NIXL_BACKENDS, NicMap
 
 
@@ -44,8 +45,9 @@ class TransferConfig:
     tcp_chunk_bytes: int = 4 << 20
     # Largest bootstrap message accepted; a bigger one is dropped by ZMQ before it is decoded.
     max_message_bytes: int = 16 << 20
-    # Every bootstrap and tcp data connection proves it holds this (ZMQ CURVE); never logged.
-    secret: DataPlaneSecret = field(default_factory=process_secret, repr=False, compare=False)
+    # Whose keys this endpoint's bootstrap and tcp data sockets use, and whom they admit (ZMQ CURVE,
+    # identity.py); the default talks only inside this process. Never logged.
+    identity: DataPlaneIdentity = field(default_factory=process_identity, repr=False, compare=False)
     # Sender: destinations that arrived before their request (each holds a receiver's blocks until it
     # expires) and registered receivers; beyond these a newcomer is refused, so memory stays bounded.
     max_orphans: int = 4096
@@ -66,8 +68,8 @@ class TransferConfig:
             raise TransferConfigError("tcp_chunk_bytes and max_message_bytes must be >= 4096")
         if self.max_orphans < 1 or self.max_peers < 1:
             raise TransferConfigError("max_orphans and max_peers must be >= 1")
-        if not isinstance(self.secret, DataPlaneSecret):
-            raise TypeError(f"secret must be a DataPlaneSecret, got {type(self.secret).__name__}")
+        if not isinstance(self.identity, DataPlaneIdentity):
+            raise TypeError(f"identity must be a DataPlaneIdentity, got {type(self.identity).__name__}")
         if self.nixl_backend not in NIXL_BACKENDS:
             raise TransferConfigError(
                 f"nixl_backend must be one of {', '.join(NIXL_BACKENDS)}, got {self.nixl_backend!r}")

@@ -1,26 +1,30 @@
-"""The data plane's authentication: one secret per deployment, proven on every ZMQ connection with CURVE.
+"""The data plane's authentication: CURVE on every ZMQ connection, each principal with its own keys.
 
 Every socket that carries KV metadata, KV bytes or tokens between raypd processes (the bootstrap
-ROUTER/DEALERs, the tcp backend's data sockets, the token PUSH/PULL pipes) is a CURVE socket whose
-keys derive from the deployment's DataPlaneSecret. The binding side is the CURVE server and runs a ZAP
-handler (pyzmq's ThreadAuthenticator) that admits only the key derived from the same secret, so:
+ROUTER/DEALERs, the tcp backend's data sockets, the token PUSH/PULL pipes) is a CURVE socket of its
+owner's DataPlaneIdentity (identity.py: a node's key pair, derived by the control plane from the
+deployment's secret and the node's name, and the allow-list of the peers it admits). The binding side
+is the CURVE server and runs a ZAP handler (pyzmq's ThreadAuthenticator) that admits only the public
+keys in its owner's allow-list, so:
 
-- a peer without the secret never completes the handshake: it gets no routing id, sends no message
-  and cannot take a registered receiver's route (the impostor problem of a plain ROUTER);
+- a peer the control plane did not register never completes the handshake: it sends no message and
+  cannot take a registered receiver's route (the impostor problem of a plain ROUTER);
+- a registered peer is known by its key (the User-Id ZMQ tags its messages with: principal_of()),
+  not by a routing id it picks, so it can act only as itself;
 - everything is encrypted and every message is authenticated with a nonce (no replay, no tampering).
 
 Why CURVE rather than an HMAC per message: the handshake runs before any of our code sees a byte, so
-no loop has to check tags or keep replay windows, and the peer identity ZMQ routes by is already
-authenticated. Its cost is encryption: 4 MiB messages move at ~600 MB/s per core against ~3.3 GB/s
-in the clear on loopback, which matters only to the tcp backend (NIXL's bytes travel over UCX; its
-metadata, which holds the memory keys a writer needs, travels over the authenticated bootstrap).
+no loop has to check tags or keep replay windows. Its cost is encryption: 4 MiB messages move at
+~600 MB/s per core against ~3.3 GB/s in the clear on loopback, which matters only to the tcp backend
+(NIXL's bytes travel over UCX; its metadata, which holds the memory keys a writer needs, travels over
+the authenticated bootstrap).
 
-Keys: one CURVE key pair derived from the whole secret (BLAKE2b of the secret, then BLAKE2b keyed with
-that), used by both ends. A secret is at least 32 bytes and, by its own byte frequencies, carries at
-least 128 bits (random bytes, or the hex or base64 text of 32 random bytes, pass; a repeated or short
-phrase does not). Server sockets set ZAP_ENFORCE_DOMAIN: without its ZAP handler a server refuses
-everyone (libzmq's default would admit any client that knows the server's public key).
-The secret never leaves a DataPlaneSecret: repr() hides it and no key is logged.
+The secret: at least 32 bytes that, by their own byte frequencies, carry at least 128 bits (random
+bytes, or the hex or base64 text of 32 random bytes, pass; a repeated or short phrase does not); all
+of it goes into every key (BLAKE2b of the whole secret keys the derivation of each principal's key
+pair). Server sockets set ZAP_ENFORCE_DOMAIN: without its ZAP handler a server refuses everyone
+(libzmq's default would admit any client that knows the server's public key). The secret never leaves
+a DataPlaneSecret, nor a secret key its identity: repr() hides both and no key is logged.
 """
 from __future__ import annotations
 
@@ -31,12 +35,15 @@ import math
 import os
 import secrets
 import threading
+from collections.abc import Iterable
 from typing import TypeVar
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
+
+from raypd.kvtransfer.identity import ANY, DataPlaneIdentity, PeerKeys
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ def log_refusal(count: int, msg: str, *args: object) -> None:
         log.warning(msg + " (%d so far)", *args, count)
 _ZAP_DOMAIN = "raypd"
 SocketT = TypeVar("SocketT", bound=zmq.Socket)
-_KEY_CONTEXT = b"raypd data plane curve key v2"
+_KEY_CONTEXT = b"raypd data plane curve key v3"  # v3: one key pair per principal
 
 
 def estimated_bits(value: bytes) -> float:
@@ -77,7 +84,7 @@ class DataPlaneSecret:
             raise ValueError(f"the data plane secret is guessable: about {estimated_bits(value):.0f} bits by its "
                              f"own byte frequencies, {MIN_SECRET_BITS} needed (e.g. `openssl rand -hex 32`)")
         self._value = value
-        self._keys: tuple[bytes, bytes] | None = None
+        self._keys: dict[str, tuple[bytes, bytes]] = {}
 
     @classmethod
     def generate(cls) -> DataPlaneSecret:
@@ -88,27 +95,35 @@ class DataPlaneSecret:
         """From a Secret's text: its UTF-8 bytes, surrounding whitespace (a trailing newline) removed."""
         return cls(text.strip().encode())
 
-    @property
-    def public_key(self) -> bytes:
-        return self._key_pair()[0]
-
-    @property
-    def secret_key(self) -> bytes:
-        return self._key_pair()[1]
-
-    def _key_pair(self) -> tuple[bytes, bytes]:
-        if self._keys is None:
+    def key_pair_of(self, principal: str) -> tuple[bytes, bytes]:
+        """(public, secret) CURVE keys of `principal`, in Z85: the same for every holder of the secret."""
+        found = self._keys.get(principal)
+        if found is None:
             whole = hashlib.blake2b(self._value, digest_size=64).digest()  # every byte counts; a key is <= 64
-            raw = hashlib.blake2b(_KEY_CONTEXT, key=whole, digest_size=32).digest()
+            raw = hashlib.blake2b(_KEY_CONTEXT + b"\0" + principal.encode(), key=whole, digest_size=32).digest()
             secret_z85 = z85.encode(raw)
-            self._keys = (zmq.curve_public(secret_z85), secret_z85)
-        return self._keys
+            found = self._keys[principal] = (zmq.curve_public(secret_z85), secret_z85)
+        return found
+
+    def public_key_of(self, principal: str) -> bytes:
+        return self.key_pair_of(principal)[0]
+
+    def identity(self, principal: str, peers: Iterable[str] = ()) -> DataPlaneIdentity:
+        """`principal`'s identity, admitting itself and `peers` (what the control plane hands a node)."""
+        public, secret = self.key_pair_of(principal)
+        admitted = PeerKeys({p: self.public_key_of(p) for p in {principal, *peers}})
+        return DataPlaneIdentity(principal, public, secret, admitted)
+
+    def shared_identity(self) -> DataPlaneIdentity:
+        """The one identity of every holder of the secret (identity.py's ANY): for endpoints of one
+        process, or tools that run their own; never a deployment's node."""
+        return self.identity(ANY)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DataPlaneSecret) and hmac.compare_digest(self._value, other._value)
 
     def __hash__(self) -> int:
-        return hash(self.public_key)
+        return hash(self.public_key_of(ANY))
 
     def __repr__(self) -> str:
         return "DataPlaneSecret(<hidden>)"
@@ -128,46 +143,67 @@ def data_plane_secret_from_env() -> DataPlaneSecret:
 # What a process uses when it is given no secret: endpoints, nodes and drivers made without one talk
 # to each other inside this process and to no other process (a deployment hands every process its own).
 _PROCESS_SECRET = DataPlaneSecret.generate()
+_PROCESS_IDENTITY = _PROCESS_SECRET.shared_identity()
 
 
 def process_secret() -> DataPlaneSecret:
     return _PROCESS_SECRET
 
 
-def as_server(sock: SocketT, secret: DataPlaneSecret) -> SocketT:
-    """Make a socket (before bind) accept only peers holding `secret`; its context must be guarded."""
-    guard(sock.context, secret)
+def process_identity() -> DataPlaneIdentity:
+    """The shared identity of this process's secret: what endpoints and nodes made without one use."""
+    return _PROCESS_IDENTITY
+
+
+def as_server(sock: SocketT, identity: DataPlaneIdentity) -> SocketT:
+    """Make a socket (before bind) a CURVE server of `identity`, admitting only its peers' keys."""
+    guard(sock.context, identity.peers)
     sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN.encode())
     sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no ZAP handler: refuse, never admit by default
     sock.setsockopt(zmq.CURVE_SERVER, 1)
-    sock.setsockopt(zmq.CURVE_SECRETKEY, secret.secret_key)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, identity.secret_key)
     return sock
 
 
-def as_client(sock: SocketT, secret: DataPlaneSecret) -> SocketT:
-    """Make a socket (before connect) prove it holds `secret` to a server made by as_server()."""
-    sock.setsockopt(zmq.CURVE_SERVERKEY, secret.public_key)
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, secret.public_key)
-    sock.setsockopt(zmq.CURVE_SECRETKEY, secret.secret_key)
+def as_client(sock: SocketT, identity: DataPlaneIdentity, server_key: bytes) -> SocketT:
+    """Make a socket (before connect) a CURVE client of `identity`, talking only to the holder of
+    `server_key` (identity.split_address gives it with the address)."""
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, identity.public_key)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, identity.secret_key)
     return sock
+
+
+def sender_of(peers: PeerKeys, frame: zmq.Frame) -> str | None:
+    """The principal whose key authenticated the connection `frame` came on (received with
+    copy=False), or None: a key no longer admitted, or a socket without CURVE."""
+    try:
+        user_id = frame.get("User-Id")
+    except zmq.ZMQError:  # no such property: the connection was not authenticated
+        return None
+    return peers.principal_of(user_id) if isinstance(user_id, str) else None
 
 
 class _Gate:
-    """ZAP credentials check: the client's public key must be one of the secrets' this context's
-    server sockets were made with (a process's shared context may serve two drivers of two
-    deployments; a client holding one secret still cannot complete a handshake with a socket of the
-    other, whose server key it does not know). Refusals are logged, the first one and then every
-    1000th, so a flood of strangers cannot flood the log."""
+    """ZAP credentials check: the client's public key must be in the allow-list of one of the
+    identities this context's server sockets were made with (a process's shared context may serve
+    two drivers; each socket's owner still checks the sender of every message against its own list:
+    sender_of()). Refusals are logged, the first one and then every 1000th, so a flood of strangers
+    cannot flood the log."""
 
     def __init__(self) -> None:
-        self.public_keys: set[bytes] = set()
+        self.allow_lists: list[PeerKeys] = []
         self.refused = 0
 
+    def add(self, peers: PeerKeys) -> None:
+        if not any(p is peers for p in self.allow_lists):
+            self.allow_lists.append(peers)
+
     def callback(self, domain: str, key: bytes) -> bool:
-        if any(hmac.compare_digest(key, k) for k in self.public_keys):
+        if any(peers.principal_of(key) is not None for peers in self.allow_lists):
             return True
         self.refused += 1
-        log_refusal(self.refused, "data plane: refused a connection that does not hold this deployment's secret")
+        log_refusal(self.refused, "data plane: refused a connection whose key the control plane did not register")
         return False
 
 
@@ -205,8 +241,8 @@ class HandshakeWatch:
         except Exception:  # noqa: BLE001 - a monitor message we cannot parse is still a refusal
             why = "unknown"
         self.refused += 1
-        log_refusal(self.refused, "data plane: %s refused a connection in the handshake (%s): a peer without "
-                    "this deployment's secret", self.what, why)
+        log_refusal(self.refused, "data plane: %s refused a connection in the handshake (%s): a peer whose key "
+                    "this deployment did not register", self.what, why)
 
     def close(self) -> None:
         try:
@@ -220,8 +256,9 @@ _guards: dict[int, tuple[ThreadAuthenticator, _Gate]] = {}
 _guards_lock = threading.Lock()
 
 
-def guard(ctx: zmq.Context, secret: DataPlaneSecret) -> _Gate:
-    """Start (once per context) the ZAP handler that CURVE server sockets of `ctx` consult."""
+def guard(ctx: zmq.Context, peers: PeerKeys) -> _Gate:
+    """Start (once per context) the ZAP handler that CURVE server sockets of `ctx` consult; it admits
+    the keys of `peers` too."""
     with _guards_lock:
         found = _guards.get(ctx.underlying)
         if found is None:
@@ -231,7 +268,7 @@ def guard(ctx: zmq.Context, secret: DataPlaneSecret) -> _Gate:
             gate = _Gate()
             auth.configure_curve_callback(domain=_ZAP_DOMAIN, credentials_provider=gate)
             found = _guards[ctx.underlying] = (auth, gate)
-        found[1].public_keys.add(secret.public_key)
+        found[1].add(peers)
         return found[1]
 
 

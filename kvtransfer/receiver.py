@@ -30,6 +30,7 @@ from raypd.kvtransfer.bootstrap.client import BootstrapLink
 from raypd.kvtransfer.config import TransferConfig
 from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
 from raypd.kvtransfer.endpoint import Endpoint
+from raypd.kvtransfer.identity import owns, split_address
 from raypd.kvtransfer.rooms import Room
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ class KVReceiver(Endpoint):
     # -- caller API -------------------------------------------------------------------------------
     def add_room(self, room: int, sender_address: str, dst_blocks, dst_aux: int | None = None) -> None:
         """Expect the room's KV from the sender at `sender_address` into dst_blocks (reserved by the
-        caller until the room is released) and its aux data into slot dst_aux."""
+        caller until the room is released) and its aux data into slot dst_aux. `sender_address` is
+        keyed (identity.py): an address without the sender's key raises UnkeyedAddressError."""
+        split_address(sender_address)
         blocks = as_block_ids(dst_blocks, self.layout.num_blocks, "destination block")
         check_pairs(blocks, blocks)
         check_slot(dst_aux, self.layout.aux_slots, "destination aux slot")
@@ -94,7 +97,7 @@ class KVReceiver(Endpoint):
         link = self._links.get(address)
         if link is None:
             link = BootstrapLink(self._ctx, address, self.name, self.config.max_message_bytes, self.rooms.clock(),
-                                 self.config.secret)
+                                 self.config.identity)
             self._links[address] = link
             link.send(schema.Register(self.name, self.backend.name, self.backend.metadata()))
         return link
@@ -123,6 +126,11 @@ class KVReceiver(Endpoint):
             if not msg.ok:
                 self._health.registration_refused(msg.name or link.address, msg.error)
                 self._link_dead(link.address, f"registration refused: {msg.error}")
+                return
+            if link.server_principal is None or not owns(link.server_principal, msg.name):
+                # The key at that address is not one the control plane registered for that name.
+                self._link_dead(link.address, f"the sender's key ({link.server_principal or 'not admitted here'}) "
+                                              f"does not own the name {msg.name!r}")
                 return
             self._health.peer_accepted(msg.name)
             link.registered, link.server_name = True, msg.name

@@ -27,6 +27,7 @@ from raypd.kvtransfer.data_plane_auth import unguard
 from raypd.kvtransfer.descriptors import as_block_ids, check_pairs, check_slot
 from raypd.kvtransfer.endpoint import Endpoint
 from raypd.kvtransfer.errors import BlockIdError, KVTransferError, PeerDisconnectedError, RoomError
+from raypd.kvtransfer.identity import owns
 from raypd.kvtransfer.rooms import Room
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ S = TransferState
 
 @dataclass(slots=True)
 class _Peer:
-    identity: bytes
+    identity: bytes    # the routing id of the connection it registered on (a connection's, not a name)
     info: PeerInfo
     last_heard: float
 
@@ -59,7 +60,7 @@ class KVSender(Endpoint):
         super().__init__(pool, aux, config or TransferConfig(), name)
         cfg = self.config
         try:
-            self._server = BootstrapServer(self._ctx, cfg.host, cfg.bootstrap_port, cfg.max_message_bytes, cfg.secret)
+            self._server = BootstrapServer(self._ctx, cfg.host, cfg.bootstrap_port, cfg.max_message_bytes, cfg.identity)
         except Exception:  # e.g. the configured port is taken
             self.backend.close()
             unguard(self._ctx)
@@ -67,6 +68,7 @@ class KVSender(Endpoint):
             raise
         self.bootstrap_address = self._server.address
         self._peers: dict[str, _Peer] = {}
+        self._names: dict[bytes, str] = {}       # routing id -> the receiver name registered on it
         self._orphans: dict[int, _Orphan] = {}   # guarded by rooms.cond (add_room reads it)
         self._loop.start()
 
@@ -129,22 +131,26 @@ class KVSender(Endpoint):
     def _tick(self) -> float:
         for cmd, room, *args in self._loop.commands():
             (self._post if cmd == "send" else self._abort_local)(room, *args)
-        for identity, msg in self._server.receive():
-            self._on_message(identity, msg)
+        for identity, principal, msg in self._server.receive():
+            self._on_message(identity, principal, msg)
         self.backend.notifications()  # nothing is expected here; the call drives backend progress
         busy = self._progress()
         self._check_deadlines()
         self._check_heartbeats()
         return self._next_wait(busy)
 
-    def _on_message(self, identity: bytes, msg: schema.Message) -> None:
-        name = identity.decode(errors="replace")
-        peer = self._peers.get(name)
-        if peer is not None and peer.identity == identity:
-            peer.last_heard = self.rooms.clock()
+    def _on_message(self, identity: bytes, principal: str, msg: schema.Message) -> None:
         if isinstance(msg, schema.Register):
-            self._on_register(identity, name, msg)
-        elif isinstance(msg, schema.Ping):
+            self._on_register(identity, principal, msg)
+            return
+        # A receiver is known by the connection it registered on; anything else is unregistered.
+        name = self._names.get(identity, f"<unregistered {principal}>")
+        peer = self._peers.get(name)
+        if peer is not None and peer.identity != identity:
+            peer = None
+        if peer is not None:
+            peer.last_heard = self.rooms.clock()
+        if isinstance(msg, schema.Ping):
             self._server.send(identity, schema.Pong(msg.seq, self.name, peer is not None))
         elif peer is None:
             # Not registered (never, or dropped as dead): refuse room traffic so the receiver frees.
@@ -166,13 +172,15 @@ class KVSender(Endpoint):
             log.error("%s: unexpected %s from %s", self.name, type(msg).__name__, name)
             self._server.send(identity, schema.Error(f"unexpected {type(msg).__name__}"))
 
-    def _on_register(self, identity: bytes, name: str, msg: schema.Register) -> None:
+    def _on_register(self, identity: bytes, principal: str, msg: schema.Register) -> None:
+        name = msg.name
+
         def refuse(why: str, exc_info: bool = False) -> None:
             log.error("%s: refused registration of %s: %s", self.name, name, why, exc_info=exc_info)
             self._server.send(identity, schema.Registered(self.name, False, why[:1000]))
 
-        if msg.name != name:
-            return refuse(f"name {msg.name!r} differs from routing id {name!r}")
+        if not owns(principal, name):  # a registered node may register only under its own names
+            return refuse(f"{principal}'s key does not own the name {name!r}")
         if msg.backend != self.backend.name:
             return refuse(f"backend {msg.backend!r} but this sender uses {self.backend.name!r}")
         if name in self._peers:  # the receiver thinks we forgot it: start over
@@ -189,6 +197,7 @@ class KVSender(Endpoint):
             self.backend.remove_peer(info.name)
             return refuse(f"metadata names {info.name!r}, not {name!r}")
         self._peers[name] = _Peer(identity, info, self.rooms.clock())
+        self._names[identity] = name
         self._server.send(identity, schema.Registered(self.name, True, ""))
         log.info("%s: registered receiver %s", self.name, name)
 
@@ -381,7 +390,9 @@ class KVSender(Endpoint):
         with self.rooms.cond:
             for k in [k for k, o in self._orphans.items() if o.peer == name]:
                 del self._orphans[k]
-        self._peers.pop(name, None)
+        peer = self._peers.pop(name, None)
+        if peer is not None:
+            self._names.pop(peer.identity, None)
         self.backend.remove_peer(name)
 
     def _shutdown(self) -> None:

@@ -1,13 +1,15 @@
 """TcpBackend: the same contract over pyzmq, for machines without NIXL.
 
-Each endpoint binds one ROUTER data socket (its address goes in the metadata); a writer opens one
-DEALER per peer, with its endpoint name as routing id. A write is a sequence of messages on that one
-pipe, which ZMQ delivers in order:
+Each endpoint binds one ROUTER data socket (its keyed address goes in the metadata); a writer opens
+one DEALER per peer. A write is a sequence of messages on that one pipe, which ZMQ delivers in order:
 
-    [header {x, notif, off, n}, bytes]        one per piece of a run (runs cut at tcp_chunk_bytes)
-    [header {x, notif, end, pieces, aux_off}, aux bytes]   last: aux slot + notification
+    [header {x, w, notif, off, n}, bytes]        one per piece of a run (runs cut at tcp_chunk_bytes)
+    [header {x, w, notif, end, pieces, aux_off}, aux bytes]   last: aux slot + notification
 
-Both sockets are CURVE sockets of the deployment's secret (data_plane_auth.py). The receiver copies a
+Both sockets are CURVE sockets of their endpoints' identities (data_plane_auth.py, identity.py). The
+writer is the endpoint named in the header (w) only if the key its connection authenticated owns that
+name: a peer cannot write as another, whatever it puts in a header or a routing id (the ROUTER picks
+those). The receiver copies a
 piece into its pool only if the writer opened no other write under that id and the receiving side
 has an open window for its notification from this writer covering every block the piece touches
 (open_window/close_window: so a piece that arrives after its room was aborted or finished is
@@ -33,16 +35,17 @@ import torch
 import zmq
 
 from raypd.kvtransfer.base import Notification, PeerInfo, TransferBackend, TransferState, WriteWindow, XferId
-from raypd.kvtransfer.bootstrap.socket_liveness import keep_alive, routes_to_the_newest
+from raypd.kvtransfer.bootstrap.socket_liveness import keep_alive
 from raypd.kvtransfer.config import TransferConfig
-from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_server, log_refusal, unguard
+from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_client, as_server, log_refusal, sender_of, unguard
 from raypd.kvtransfer.descriptors import coalesce_runs
 from raypd.kvtransfer.errors import KVTransferError, PeerDisconnectedError, PeerError, TransferError
+from raypd.kvtransfer.identity import UnkeyedAddressError, connection_id, owns, split_address
 from raypd.kvtransfer.layout import PoolLayout
 from raypd.kvtransfer.nixl.ucx_transport import PeerTransport
 
 log = logging.getLogger(__name__)
-_VERSION = 2
+_VERSION = 3  # 3: the writer names itself (w), checked against its key
 # The acknowledgement a writer reads back is tiny; anything bigger on its socket is not ours.
 _MAX_ACK_BYTES = 64 << 10
 
@@ -81,15 +84,17 @@ class TcpBackend(TransferBackend):
         super().__init__(config, endpoint_name)
         self._ctx = zmq.Context()
         self._closed = False
-        self._router = as_server(self._ctx.socket(zmq.ROUTER), config.secret)
+        self._peer_keys = config.identity.peers
+        self._router = as_server(self._ctx.socket(zmq.ROUTER), config.identity)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        routes_to_the_newest(self._router)  # a writer restarted under its name is heard at once
+        keep_alive(self._router)  # a restarted writer comes with a new routing id (identity.connection_id)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, config.tcp_chunk_bytes + (1 << 20))
         port = self._router.bind_to_random_port(f"tcp://{config.host}")
-        self.address = f"tcp://{config.host}:{port}"
-        self._watch = HandshakeWatch(self._router, f"tcp data {self.address}")
+        self.url = f"tcp://{config.host}:{port}"
+        self.address = config.identity.address(self.url)
+        self._watch = HandshakeWatch(self._router, f"tcp data {self.url}")
         self._peers: dict[str, _Peer] = {}
         self._out: dict[XferId, _Out] = {}
         self._in: dict[tuple[bytes, int], _In] = {}
@@ -117,14 +122,18 @@ class TcpBackend(TransferBackend):
             raise PeerError("tcp peer metadata lacks address or name")
         info = PeerInfo(d["name"], PoolLayout.from_wire(d.get("layout")))
         self.layout.check_peer(info.layout)
+        try:
+            url, server_key = split_address(d["address"])
+        except UnkeyedAddressError as e:
+            raise PeerError(f"tcp peer metadata: {e}") from None
         self.remove_peer(info.name)
-        sock = as_client(self._ctx.socket(zmq.DEALER), self.config.secret)
+        sock = as_client(self._ctx.socket(zmq.DEALER), self.config.identity, server_key)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # a write queues all its pieces at once; never block the loop
         sock.setsockopt(zmq.MAXMSGSIZE, _MAX_ACK_BYTES)
-        sock.setsockopt(zmq.ROUTING_ID, self.endpoint_name.encode())
+        sock.setsockopt(zmq.ROUTING_ID, connection_id(self.endpoint_name))
         keep_alive(sock)
-        sock.connect(d["address"])
+        sock.connect(url)
         self._peers[info.name] = _Peer(info, sock)
         return info
 
@@ -151,8 +160,8 @@ class TcpBackend(TransferBackend):
             for s, d, k in zip(runs.src_start.tolist(), runs.dst_start.tolist(), runs.length.tolist()):
                 for off in range(0, k * bn, chunk):
                     n = min(chunk, k * bn - off)
-                    head = msgpack.packb({"v": _VERSION, "x": xfer, "notif": notification, "off": d * bn + off,
-                                          "n": n})
+                    head = msgpack.packb({"v": _VERSION, "x": xfer, "w": self.endpoint_name, "notif": notification,
+                                          "off": d * bn + off, "n": n})
                     p.sock.send_multipart([head, self._bytes(self._pool, self._pool_np, s * bn + off, n)],
                                           flags=zmq.NOBLOCK, copy=False)
                     pieces += 1
@@ -161,7 +170,7 @@ class TcpBackend(TransferBackend):
             aux_off, aux = -1, b""  # no aux slot
             if src_aux is not None and dst_aux is not None:
                 aux_off, aux = dst_aux * an, self._bytes(self._aux, self._aux_np, src_aux * an, an)
-            head = msgpack.packb({"v": _VERSION, "x": xfer, "end": True, "pieces": pieces,
+            head = msgpack.packb({"v": _VERSION, "x": xfer, "w": self.endpoint_name, "end": True, "pieces": pieces,
                                   "aux_off": aux_off, "notif": bytes(notification)})
             p.sock.send_multipart([head, aux], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:
@@ -249,17 +258,22 @@ class TcpBackend(TransferBackend):
             log.error("tcp: dropped a data message of %d frames", len(frames))
             return
         ident, head, body = frames[0].bytes, frames[1].bytes, frames[2].buffer
+        principal = sender_of(self._peer_keys, frames[0])
         try:
             h = msgpack.unpackb(head)
             if (not isinstance(h, dict) or h.get("v") != _VERSION or not isinstance(h.get("x"), int)
-                    or not isinstance(h.get("notif"), bytes)):
+                    or not isinstance(h.get("notif"), bytes) or not isinstance(h.get("w"), str)):
                 raise ValueError(f"bad header {h!r:.200}")
         except Exception as e:
-            log.error("tcp: dropped a data message from %r: %s", ident[:64], e)
+            log.error("tcp: dropped a data message from %s: %s", principal, e)
             return
-        writer, notif = ident.decode(errors="replace"), cast(bytes, h["notif"])
+        writer, notif = cast(str, h["w"]), cast(bytes, h["notif"])
+        if principal is None or not owns(principal, writer):
+            # Written by another than it says (or by a key no longer admitted): none of its bytes land.
+            self._refuse(ident, h, f"{principal or 'a key no longer admitted'} may not write as {writer!r:.100}")
+            return
         window = self._windows.get(notif)
-        key = (ident, h["x"])
+        key = (ident, h["x"])  # per connection: the ROUTER's routing id
         st = self._in.get(key)
         if st is None:
             if window is None or window.peer != writer:
@@ -305,12 +319,12 @@ class TcpBackend(TransferBackend):
         if st.bad is None:
             self._inbox.append(Notification(writer, notif))
         else:
-            log.error("tcp: write %d from %r failed: %s", h["x"], ident[:64], st.bad)
+            log.error("tcp: write %d from %s failed: %s", h["x"], writer, st.bad)
         self._ack(ident, h["x"], st.bad)
 
     def _refuse(self, ident: bytes, h: dict, why: str) -> None:
         self.num_refused += 1
-        log_refusal(self.num_refused, "tcp: dropped data from %r: %s", ident[:64], why)
+        log_refusal(self.num_refused, "tcp: dropped data from %r: %s", h.get("w"), why)
         if h.get("end"):
             self._ack(ident, h["x"], why)
 

@@ -2,7 +2,7 @@
 baseline every PD measurement is compared with. Its call beyond every node's (node_actor.py): generate."""
 from __future__ import annotations
 
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.node.mixed_duty import MixedDuty
 from raypd.node.node_actor import NodeActor
 from raypd.node.node_core import NodeCore
@@ -15,8 +15,8 @@ class MixedNode(NodeActor):
     duty: MixedDuty
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
-                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None, chaos_hooks: bool = False):
-        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret, chaos_hooks)
+                 num_cpus: float = 1.0, data_plane_identity: DataPlaneIdentity | None = None, chaos_hooks: bool = False):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_identity, chaos_hooks)
         super().__init__(core, MixedDuty(core, name))
 
     async def generate(self, req: NodeRequest) -> StreamEnd:

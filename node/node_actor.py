@@ -56,6 +56,11 @@ class NodeActor:
     async def check_idle(self) -> dict:
         return await self.core.call(self._check_idle)
 
+    async def admit_peers(self, keys: dict[str, str]) -> int:
+        """Register peers' data-plane keys (principal -> Z85 public key): the node pool's call when it
+        adds a node, and after this node restarted (its constructor's list may predate later nodes)."""
+        return self.core.admit_peers(keys)
+
     async def attach_conductor(self, conductor: Any) -> None:
         await self.core.attach_conductor(conductor, self)
 

@@ -33,7 +33,8 @@ from raypd.engine.engine import LLMEngine
 from raypd.engine.gc_pauses import freeze_heap
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer.config import TransferConfig
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
+from raypd.kvtransfer.data_plane_auth import process_identity
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.node.conductor_link import ConductorLink, LinkedNode
 from raypd.node.early_aborts import EarlyAborts
 from raypd.node.engine_loop import EngineLoop, NodeCrashedError
@@ -64,7 +65,7 @@ ATTACH_TIMEOUT_S = 60.0
 
 class NodeCore:
     def __init__(self, name: str, role: Role, model: str | None = None, engine_options: dict | None = None,
-                 num_cpus: float = 1.0, data_plane_secret: DataPlaneSecret | None = None, chaos_hooks: bool = False):
+                 num_cpus: float = 1.0, data_plane_identity: DataPlaneIdentity | None = None, chaos_hooks: bool = False):
         options = dict(engine_options or {})
         # Pin torch to the cores Ray gave this actor: more threads than cores only thrash.
         options.setdefault("num_threads", max(1, int(num_cpus)))
@@ -81,10 +82,11 @@ class NodeCore:
         self.chaos_hooks = chaos_hooks
         self._kv_events: deque[KVEvent] = deque(maxlen=KV_EVENT_BUFFER)
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
-        # Every token, bootstrap and KV connection proves it holds this (kvtransfer/data_plane_auth.py);
-        # without one the node talks only to its own process (one-process tests).
-        self.secret = data_plane_secret or process_secret()
-        self.streams = TokenStreams(self.secret)
+        # This node's keys and the peers it admits (kvtransfer/identity.py): every token, bootstrap and
+        # KV connection proves with them who it is. The node pool derives them from the deployment's
+        # secret, which the node never sees. Without one the node talks only to its own process (tests).
+        self.identity = data_plane_identity or process_identity()
+        self.streams = TokenStreams(self.identity)
         self.early_aborts = EarlyAborts()   # engine thread: aborts that came before their request
         self.host = host_info()
         self.started_at = time.time()
@@ -112,7 +114,7 @@ class NodeCore:
     def transfer_config(self, options: dict | None) -> TransferConfig:
         """The node's kvtransfer options; sockets bind to the node's own IP unless told otherwise, so
         peers on other machines reach them (loopback would only serve one box)."""
-        return TransferConfig(**{"host": self.host.ip, **(options or {}), "secret": self.secret})
+        return TransferConfig(**{"host": self.host.ip, **(options or {}), "identity": self.identity})
 
     # -- from the actor's event loop ----------------------------------------------------------------
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -142,7 +144,14 @@ class NodeCore:
             raise NodeCrashedError(f"node {self.name}: engine thread crashed: {self.loop.crashed!r}")
         return {"name": self.name, "role": self.role, "host": self.host, "num_blocks": self.engine.num_blocks,
                 "block_size": self.engine.config.block_size, "instance_id": self.instance_id,
-                "started_at": self.started_at, "kv_seq": self.engine.prefix_cache.event_seq, **extra}
+                "started_at": self.started_at, "kv_seq": self.engine.prefix_cache.event_seq,
+                "public_key": self.identity.public_key.decode(), **extra}
+
+    def admit_peers(self, keys: dict[str, str]) -> int:
+        """Add principals' public keys (Z85) to this node's allow-list, as the node pool registers
+        them (a node it added, or the whole list for a node that restarted); how many it holds."""
+        self.identity.peers.admit_all(keys)
+        return len(self.identity.peers)
 
     def crash_engine(self, reason: str = "injected engine crash") -> None:
         """Crash the engine thread for real (chaos tests); the node then fails as after any crash."""

@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 
 import zmq
 
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client, process_secret
+from raypd.kvtransfer.data_plane_auth import as_client, process_identity
+from raypd.kvtransfer.identity import DataPlaneIdentity, UnkeyedAddressError, split_address
 from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,11 @@ class _Stream:
 class TokenStreams:
     """The node's open token streams. Engine thread only: zmq sockets are not thread-safe."""
 
-    def __init__(self, secret: DataPlaneSecret | None = None) -> None:
+    def __init__(self, identity: DataPlaneIdentity | None = None) -> None:
         self._ctx: zmq.Context = zmq.Context.instance()  # shared, never terminated: close() closes our sockets
-        # Callers' PULL sockets admit only holders of the deployment's secret (default: this process's).
-        self._secret = secret or process_secret()
+        # Callers' PULL sockets admit only the node keys their control plane registered; this node
+        # proves it is the one they sent the request to (default: this process's shared identity).
+        self._identity = identity or process_identity()
         self._open: dict[str, _Stream] = {}
         self._pending: dict[str, list[TokenChunk]] = {}   # address -> chunks pushed since the last flush
         self._ended: list[tuple[Reply, StreamEnd]] = []
@@ -100,8 +102,8 @@ class TokenStreams:
         elif address:
             try:
                 self._socket(address)
-            except zmq.ZMQError as e:
-                error = f"cannot stream tokens to {address!r}: {e}"
+            except (zmq.ZMQError, UnkeyedAddressError) as e:
+                error = f"cannot stream tokens to {address!r:.200}: {e}"
         if error:
             reply.set(StreamEnd(TokenChunk(request_id, (), finished=True, error=error), 0))
             return False
@@ -130,8 +132,8 @@ class TokenStreams:
         Not counted; an address that cannot be reached drops it (the decode node's copy still comes)."""
         try:
             self._socket(address)
-        except zmq.ZMQError as e:
-            log.warning("cannot send an early token to %r: %s", address, e)
+        except (zmq.ZMQError, UnkeyedAddressError) as e:
+            log.warning("cannot send an early token to %r: %s", address[:200], e)
             return
         self._last_used[address] = time.monotonic()
         self._pending.setdefault(address, []).append(replace(chunk, offset=0))
@@ -171,18 +173,20 @@ class TokenStreams:
         self._sockets.clear()
 
     def _socket(self, address: str) -> zmq.Socket:
-        """The PUSH socket to `address`, connected on first use (raises zmq.ZMQError)."""
+        """The PUSH socket to `address` (keyed: identity.py), connected on first use (raises zmq.ZMQError,
+        or UnkeyedAddressError for an address without the caller's key)."""
         if (sock := self._sockets.get(address)) is None:
             sock = self._sockets[address] = self._connect(address)
         return sock
 
     def _connect(self, address: str) -> zmq.Socket:
+        url, server_key = split_address(address)
         sock = self._ctx.socket(zmq.PUSH)
         try:
-            as_client(sock, self._secret)
+            as_client(sock, self._identity, server_key)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, SEND_HWM)
-            sock.connect(address)
+            sock.connect(url)
         except zmq.ZMQError:
             sock.close()
             raise

@@ -3,7 +3,7 @@ engine of its own. Its calls beyond every node's (node/node_actor.py): prefill, 
 copies the Conductor orders (prefix_copy.py)."""
 from __future__ import annotations
 
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.node.node_actor import NodeActor
 from raypd.node.node_core import NodeCore
 from raypd.prefill_node.prefill_duty import PrefillDuty
@@ -17,8 +17,8 @@ class PrefillNode(NodeActor):
 
     def __init__(self, name: str, model: str | None = None, engine_options: dict | None = None,
                  num_cpus: float = 1.0, transfer_options: dict | None = None, aux_slots: int = 256,
-                 data_plane_secret: DataPlaneSecret | None = None, max_early_prefills: int = 8, chaos_hooks: bool = False):
-        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_secret, chaos_hooks)
+                 data_plane_identity: DataPlaneIdentity | None = None, max_early_prefills: int = 8, chaos_hooks: bool = False):
+        core = NodeCore(name, self.role, model, engine_options, num_cpus, data_plane_identity, chaos_hooks)
         super().__init__(core, PrefillDuty(core, name, transfer_options, aux_slots, max_early_prefills))
 
     async def prefill(self, req: NodeRequest) -> PrefillResult:

@@ -234,6 +234,14 @@ def block_accounting_adds_up():
         assert acc.held == 0 and acc.free + acc.cached == acc.total, acc
 
 
+def keyed(url: str) -> str:
+    """`url` as a keyed address (kvtransfer/identity.py): whoever listens there, if anyone, has this
+    process's shared key. For addresses where nobody listens, or where this process does."""
+    from raypd.kvtransfer.data_plane_auth import process_identity
+
+    return process_identity().address(url)
+
+
 @pytest.fixture(scope="module")
 def sink():
     """The caller's end of the token streams (tests/node/pd.py's TokenSink: a PULL socket whose

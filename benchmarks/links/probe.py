@@ -72,7 +72,8 @@ class LinkProbe:
         # Sockets bind to the node's own IP, as a node's do (node/node_core.py transfer_config).
         self.config = TransferConfig(backend=spec.backend, host=self.host.ip, nixl_backend=spec.nixl_backend,
                                      nixl_devices=spec.nixl_devices, bootstrap_timeout_s=t, wait_timeout_s=t,
-                                     transfer_timeout_s=t, heartbeat_timeout_s=max(10.0, t / 2), secret=secret)
+                                     transfer_timeout_s=t, heartbeat_timeout_s=max(10.0, t / 2),
+                                     identity=secret.shared_identity())
         self.senders: dict[str, Any] = {}     # link name -> KVSender
         self.receivers: dict[str, Any] = {}   # link name -> KVReceiver
 

@@ -18,4 +18,5 @@ class NodeHandle:
     actor: ActorHandle
     host: HostInfo
     num_blocks: int
-    bootstrap_address: str = ""  # prefill nodes: where decode nodes register for KV
+    bootstrap_address: str = ""  # prefill nodes: where decode nodes register for KV (keyed)
+    public_key: str = ""         # its data-plane key (Z85; ready()["public_key"]): whom a driver admits

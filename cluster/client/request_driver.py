@@ -34,7 +34,7 @@ import ray
 from raypd.cluster.client.fire import fire
 from raypd.cluster.client.node_handles import NodeHandle
 from raypd.cluster.client.token_receiver import TokenReceiver, TokenStream
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.metrics.task_events import untracked
 from raypd.protocol.messages import OVERLOADED, NodeRequest, PrefillResult, TokenChunk
 from raypd.protocol.roles import Role
@@ -49,8 +49,8 @@ class RequestDriver:
     token socket.
 
     reply_host: the address nodes send tokens to (default: this process's Ray node IP).
-    secret: the nodes' data plane secret (default: this process's, which a NodeCluster started here
-    hands its nodes).
+    identity: the token socket's data-plane identity (default: a fresh key pair; its allow-list is the
+    nodes this driver sends requests to, by their NodeHandle.public_key).
     stream_tail_s: after a node's generate() returned, how long tokens it counted may still take to
     arrive before the request ends with a "lost tokens" error.
     early_first_token: PD requests ask the prefill node for the first token the moment it samples it
@@ -58,12 +58,12 @@ class RequestDriver:
 
     def __init__(self, chunk_timeout_s: float = 120.0, prefill_wait_s: float = 10.0,
                  reply_host: str | None = None, stream_tail_s: float = 10.0,
-                 secret: DataPlaneSecret | None = None, early_first_token: bool = True):
+                 identity: DataPlaneIdentity | None = None, early_first_token: bool = True):
         self.chunk_timeout_s = chunk_timeout_s
         self.prefill_wait_s = prefill_wait_s
         self.stream_tail_s = stream_tail_s
         self.early_first_token = early_first_token
-        self.receiver = TokenReceiver(reply_host, secret)
+        self.receiver = TokenReceiver(reply_host, identity)
 
     def close(self) -> None:
         self.receiver.close()
@@ -84,6 +84,9 @@ class RequestDriver:
         """The request's chunks, the last one final. `prefill` takes the prompt and hands its KV to
         `decode`; a mixed node does both, and so does a decode or flex node on the local path (it
         prefills the prompt itself): pass it as `prefill`, with no `decode`."""
+        for node in (prefill, decode):  # the token socket admits the nodes it sends to, before it sends
+            if node is not None:
+                self.receiver.admit(node.name, node.public_key)
         if decode is None:
             if not prefill.role.serves_decode:   # a node that decodes can prefill its own prompts
                 raise ValueError(f"{prefill.name} is a {prefill.role} node: it needs a decode node")

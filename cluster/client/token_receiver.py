@@ -33,7 +33,8 @@ import ray
 import zmq
 import zmq.asyncio
 
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, HandshakeWatch, as_server, process_secret
+from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_server, log_refusal, process_identity, sender_of
+from raypd.kvtransfer.identity import DataPlaneIdentity, PeerKeys
 from raypd.protocol.messages import StreamEnd, TokenChunk, unpack_chunks
 
 log = logging.getLogger(__name__)
@@ -205,14 +206,18 @@ MAX_MESSAGE_BYTES = 8 << 20
 
 
 class TokenReceiver:
-    """The PULL socket admits only nodes holding `secret` (CURVE; kvtransfer/data_plane_auth.py)."""
+    """The PULL socket admits only the nodes this driver sends requests to (admit(); CURVE:
+    kvtransfer/data_plane_auth.py), and its address carries its key (kvtransfer/identity.py)."""
 
-    def __init__(self, host: str | None = None, secret: DataPlaneSecret | None = None, port: int | None = None):
+    def __init__(self, host: str | None = None, identity: DataPlaneIdentity | None = None, port: int | None = None):
         # On the process's shared context: a context of its own would be terminated by the garbage
         # collector when a driver is dropped unclosed, and term() can hang there (pyzmq clears the
         # weak references to our socket before the context's __del__ could close it).
         ctx = zmq.asyncio.Context.shadow(zmq.Context.instance())
-        self._sock = as_server(ctx.socket(zmq.PULL), secret or process_secret())
+        # A key of its own: nodes read it from the reply address; nobody needs to derive it. It admits
+        # nodes made in this process without an identity (their shared one: nobody else knows it).
+        self._identity = identity or DataPlaneIdentity.generate("driver", PeerKeys(process_identity().peers.as_dict()))
+        self._sock = as_server(ctx.socket(zmq.PULL), self._identity)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._watch = HandshakeWatch(self._sock, "token receiver")
@@ -222,11 +227,18 @@ class TokenReceiver:
             self._sock.bind(f"tcp://{host}:{port}")
         else:
             port = self._sock.bind_to_random_port(f"tcp://{host}")
-        self.address = f"tcp://{host}:{port}"
+        self.address = self._identity.address(f"tcp://{host}:{port}")
         self._streams: dict[str, TokenStream] = {}
         self._dispatcher: asyncio.Task | None = None
         self.num_messages = 0
         self.num_malformed = 0
+        self.num_unattributed = 0  # messages on a connection whose key is no longer admitted here
+
+    def admit(self, node_name: str, public_key: str) -> None:
+        """Let `node_name` (its data-plane key, as its NodeHandle carries it) send tokens here: before
+        a request goes to it. A key already admitted costs a dictionary lookup."""
+        if public_key and self._identity.peers.principal_of(public_key) != node_name:
+            self._identity.peers.admit(node_name, public_key)
 
     def open(self, request_id: str) -> TokenStream:
         """Call on the event loop that will relay the stream, before the node can send to it."""
@@ -270,7 +282,12 @@ class TokenReceiver:
 
     async def _dispatch(self) -> None:
         while True:
-            data = await self._sock.recv()
+            frame = await self._sock.recv(copy=False)
+            if sender_of(self._identity.peers, frame) is None:  # admitted at the handshake by another
+                self.num_unattributed += 1                        # driver of this process's context
+                log_refusal(self.num_unattributed, "dropped a token message from a node not admitted here")
+                continue
+            data = frame.bytes
             try:
                 chunks = unpack_chunks(data)
             except ValueError as e:

@@ -38,12 +38,16 @@ from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import TPOT_TARGET_SHARE, ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.topology import Topology
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, process_secret
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.protocol.duty import Duty
 from raypd.protocol.roles import Role
 
 log = logging.getLogger(__name__)
 
 
+# How long the nodes already running get to take a new node's key (a Ray call each, answered off
+# the engine thread) before the cluster goes on without the ones that did not answer.
+ADMIT_TIMEOUT_S = 30.0
 NODE_CLASSES = {Role.PREFILL: ("raypd.prefill_node.prefill_node", "PrefillNode"),
                 Role.DECODE: ("raypd.decode_node.decode_node", "DecodeNode"),
                 Role.MIXED: ("raypd.node.mixed_node", "MixedNode"),
@@ -101,9 +105,9 @@ class ClusterSpec:
     # How many times Ray restarts a node actor that died (SIGKILL, OOM, an engine crash): the same
     # name and constructor args, a fresh engine; the node pool re-attaches it. 0: a death is final.
     max_node_restarts: int = 0
-    # Every data plane connection (bootstrap, KV, tokens) between this cluster's processes proves it
-    # holds this. By default the driver process's own, which its RequestDriver uses too; `raypd serve`
-    # makes one per deployment (or reads it from RAYPD_DATA_PLANE_SECRET). Handed over by Ray, never logged.
+    # What this cluster derives each node's data-plane key pair from (kvtransfer/identity.py): a node
+    # gets only its own keys and its peers' public keys, never this. By default the driver process's
+    # own; `raypd serve` makes one per deployment (or reads it from RAYPD_DATA_PLANE_SECRET). Never logged.
     data_plane_secret: DataPlaneSecret = field(default_factory=process_secret, repr=False, compare=False)
     # The nodes' Ray-callable chaos hooks (crash_engine, fail_requests) answer: chaos tests and benchmarks only.
     chaos_hooks: bool = False
@@ -221,9 +225,11 @@ class NodeCluster:
                 ray.kill(actor)
                 continue
             adopted.append(NodeHandle(name, role, actor, info["host"], info["num_blocks"],
-                                      info.get("bootstrap_address", "")))
+                                      info.get("bootstrap_address", ""), info.get("public_key", "")))
             self.incarnations[name] = restarts_of(actor)
         self._counters.update(adoption.next_indices(self.spec.name_prefix, names))
+        # Whatever an adopted node was told before, it now admits exactly what this cluster has.
+        self._admit(adopted, [*self.nodes, *adopted])
         if self.conductor is not None and adopted:
             status = ray.get(self.conductor.status.remote(), timeout=60)["nodes"]
             unregistered = [h for h in adopted if not status.get(h.name, {}).get("alive")]
@@ -240,13 +246,16 @@ class NodeCluster:
                   transfer_options: dict | None = None, duties: Sequence[Duty | None] | None = None) -> list[NodeHandle]:
         """Start nodes of the given roles (options merged over the spec's) and wait until they are
         ready. `duties`: the flex nodes' first duties, one per role (decode by default)."""
-        created = []
+        named = []
         for role, duty in zip(map(Role.parse, roles), duties or [None] * len(roles), strict=True):
             n = self._counters.get(role, 0)
             self._counters[role] = n + 1
-            name = adoption.node_name(self.spec.name_prefix, role, n)
-            created.append((name, role, _create_actor(self.spec, role, name, engine_options or {},
-                                                      transfer_options or {}, duty)))
+            named.append((adoption.node_name(self.spec.name_prefix, role, n), role, duty))
+        # Each new node admits every node of the cluster, itself and the other new ones included.
+        peers = [n.name for n in self.nodes] + [name for name, _, _ in named]
+        created = [(name, role, _create_actor(self.spec, role, name, engine_options or {}, transfer_options or {},
+                                              duty, self.spec.data_plane_secret.identity(name, peers)))
+                   for name, role, duty in named]
         try:
             hint = ""
             if self.spec.place_by_role:
@@ -257,13 +266,29 @@ class NodeCluster:
             for _, _, actor in created:
                 ray.kill(actor)
             raise
-        handles = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""))
+        handles = [NodeHandle(name, role, actor, info["host"], info["num_blocks"], info.get("bootstrap_address", ""),
+                              info.get("public_key", ""))
                    for (name, role, actor), info in zip(created, infos)]
+        self._admit(self.nodes, handles)  # the nodes already here admit the new ones before anyone routes to them
         if self.conductor is not None:
             # Nodes register themselves (with their own handle) and then stream KV events and loads.
             ray.get([h.actor.attach_conductor.remote(self.conductor) for h in handles], timeout=60)
         self.nodes.extend(handles)
         return handles
+
+    def _admit(self, nodes: Sequence[NodeHandle], peers: Sequence[NodeHandle]) -> None:
+        """Register `peers`' data-plane keys with `nodes` (NodeActor.admit_peers). A node that does not
+        answer is dead or restarting; the supervisor hands a restarted node the whole list."""
+        keys = {p.name: p.public_key for p in peers if p.public_key}
+        refs = {n.name: n.actor.admit_peers.remote(keys) for n in nodes}
+        if not refs or not keys:
+            return
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=ADMIT_TIMEOUT_S)
+        for name, ref in refs.items():
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                log.warning("node %s did not take the new peers' keys: %s", name, reason(e))
 
     def by_role(self, role: Role | str) -> list[NodeHandle]:
         return [n for n in self.nodes if n.role == role]
@@ -339,7 +364,7 @@ def _start_conductor(spec: ClusterSpec, policy: str):
 
 
 def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict, transfer_options: dict,
-                  duty: Duty | None = None):
+                  duty: Duty | None, identity: DataPlaneIdentity):
     module, cls_name = NODE_CLASSES[role]
     cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
     budget = {"max_prefill_tokens_per_step": spec.local_prefill_budget} \
@@ -353,7 +378,7 @@ def _create_actor(spec: ClusterSpec, role: Role, name: str, engine_options: dict
     if options.get("kv_tier_dir"):  # one tier folder per node, kept across its restarts (same name)
         options["kv_tier_dir"] = os.path.join(options["kv_tier_dir"], name)
     kwargs = {"name": name, "model": spec.model, "engine_options": options, "num_cpus": spec.cpus_per_node,
-              "data_plane_secret": spec.data_plane_secret, "chaos_hooks": spec.chaos_hooks}
+              "data_plane_identity": identity, "chaos_hooks": spec.chaos_hooks}
     if role is not Role.MIXED:  # prefill and decode nodes hand KV over: they own a transfer endpoint
         kwargs["transfer_options"] = {**spec.transfer_options, **transfer_options}
     if role in (Role.DECODE, Role.FLEX):

@@ -55,7 +55,7 @@ class OpenAIIngress:
         # The node set follows the pool's supervisor: restarted nodes' new handles, dead nodes out.
         self.node_set = NodeSet(membership, node_pool.membership.remote)  # a Serve handle: Serve's own calls
         self.node_set.start()
-        driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s, secret=config.secret)
+        driver = RequestDriver(chunk_timeout_s=config.chunk_timeout_s)
         self.driver = driver
         # A node the pool finds hung or gone: its streams here end now and are replayed elsewhere.
         self.node_set.on_leave(lambda name, state: driver.fail_node(name, f"node {name} is {state.value}"))

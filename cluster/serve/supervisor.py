@@ -162,14 +162,23 @@ class NodeSupervisor:
         instance = info.get("instance_id", "")
         known = self._instances.setdefault(member.name, instance)
         if instance != known:
-            await self._restarted(member, info, instance)
+            try:
+                await self._restarted(member, info, instance)
+            except Exception as e:  # noqa: BLE001 - as a failed probe
+                self._failed(member, e)
             return
         state = MemberState.DRAINING if member.name in self._draining else MemberState.LIVE
         self._set(replace(member, state=state, load=load, reason=""), changed=member.state)
 
     async def _restarted(self, member: Member, info: dict, instance: str) -> None:
         node = replace(member.node, host=info["host"], num_blocks=info["num_blocks"],
-                       bootstrap_address=info.get("bootstrap_address", ""))
+                       bootstrap_address=info.get("bootstrap_address", ""),
+                       public_key=info.get("public_key", member.node.public_key))
+        # Ray built the new incarnation from the old constructor arguments: its allow-list may predate
+        # nodes added since. It takes the whole list before anyone routes to it (a failure here is the
+        # probe's: the next one retries, since the instance is still new to us).
+        keys = {m.name: m.node.public_key for m in self._members.values() if m.node.public_key}
+        await asyncio.wait_for(untracked(node.actor.admit_peers).remote(keys), self.probe_timeout_s)
         self._instances[member.name] = instance
         log.warning("node %s is back (incarnation %d)", node.name, member.incarnation + 1)
         self._set(Member(node, MemberState.LIVE, member.incarnation + 1, member.restarts + 1), changed=None)

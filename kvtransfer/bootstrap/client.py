@@ -1,7 +1,9 @@
 """BootstrapLink: a receiver (decode) endpoint's connection to one sender's bootstrap server.
 
-One DEALER per sender address, whose routing id is the receiver's name. It registers once (the
-receiver's transfer metadata), then carries per-room messages and heartbeats. `registered` and
+One DEALER per sender address. The address is keyed (identity.py): the link talks only to the holder
+of that key, the server's principal (`server_principal`, None when this endpoint's allow-list does not
+know the key). It registers once (the receiver's name and transfer metadata; the sender checks that
+the link's key owns the name), then carries per-room messages and heartbeats. `registered` and
 `server_name` record the sender's answer; a Pong that no longer knows us, or comes from another
 server name, means the sender restarted and the link must be rebuilt.
 """
@@ -13,22 +15,26 @@ import zmq
 
 from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.bootstrap.socket_liveness import keep_alive
-from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client
+from raypd.kvtransfer.data_plane_auth import as_client
 from raypd.kvtransfer.errors import SchemaError
+from raypd.kvtransfer.identity import DataPlaneIdentity, connection_id, split_address
 
 log = logging.getLogger(__name__)
 
 
 class BootstrapLink:
-    def __init__(self, ctx: zmq.Context, address: str, identity: str, max_message_bytes: int, now: float,
-                 secret: DataPlaneSecret):
+    def __init__(self, ctx: zmq.Context, address: str, name: str, max_message_bytes: int, now: float,
+                 identity: DataPlaneIdentity):
+        """Raises identity.UnkeyedAddressError for an address without a server key."""
         self.address = address
-        self.socket = as_client(ctx.socket(zmq.DEALER), secret)
+        url, server_key = split_address(address)
+        self.server_principal = identity.peers.principal_of(server_key)
+        self.socket = as_client(ctx.socket(zmq.DEALER), identity, server_key)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.ROUTING_ID, identity.encode())
+        self.socket.setsockopt(zmq.ROUTING_ID, connection_id(name))
         keep_alive(self.socket)
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-        self.socket.connect(address)
+        self.socket.connect(url)
         self.registered = False
         self.server_name: str | None = None
         self.last_heard = now    # the heartbeat clock starts at creation: an unreachable sender times out

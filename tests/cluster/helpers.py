@@ -6,17 +6,12 @@ import contextlib
 import os
 import signal
 import time
-from collections import defaultdict
 
 import psutil
 import ray
-import zmq
 
 from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import Router
-from raypd.cluster.client.token_receiver import default_host
-from raypd.kvtransfer.data_plane_auth import as_server, process_secret
-from raypd.protocol.messages import TokenChunk, unpack_chunks
 from raypd.protocol.sampling_params import SamplingParams
 
 # Short timeouts so failure tests end quickly; the nodes must still finish every request in time.
@@ -70,33 +65,6 @@ def assert_idle(nodes, timeout_s: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"nodes still hold state: {busy}")
         time.sleep(0.2)
-
-
-class TokenSink:
-    """A bare zmq PULL socket in place of a driver's TokenReceiver, for tests that call a node's
-    generate() themselves: put `address` in NodeRequest.reply_address, then read a request's chunks."""
-
-    def __init__(self):
-        # The nodes of a NodeCluster started in this process hold this process's secret.
-        self._sock = as_server(zmq.Context.instance().socket(zmq.PULL), process_secret())
-        self._sock.setsockopt(zmq.LINGER, 0)
-        host = default_host()
-        self.address = f"tcp://{host}:{self._sock.bind_to_random_port(f'tcp://{host}')}"
-        self._chunks: dict[str, list[TokenChunk]] = defaultdict(list)
-
-    def chunks(self, request_id: str, timeout_s: float) -> list[TokenChunk]:
-        """The request's chunks up to its final one (chunks of other requests are kept for later)."""
-        deadline = time.monotonic() + timeout_s
-        while not (got := self._chunks[request_id]) or not got[-1].finished:
-            left_ms = (deadline - time.monotonic()) * 1e3
-            if left_ms <= 0 or not self._sock.poll(left_ms):
-                raise AssertionError(f"{request_id}: no final chunk on the token stream within {timeout_s:.0f}s")
-            for chunk in unpack_chunks(self._sock.recv()):
-                self._chunks[chunk.request_id].append(chunk)
-        return self._chunks.pop(request_id)
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def wait_for(predicate, what: str, timeout_s: float = 30.0, period_s: float = 0.005):

@@ -23,7 +23,6 @@ from raypd.protocol.messages import NodeRequest
 from raypd.protocol.sampling_params import SamplingParams
 from tests.cluster.helpers import (
     FAST_TRANSFER,
-    TokenSink,
     assert_idle,
     collect,
     held,
@@ -33,6 +32,7 @@ from tests.cluster.helpers import (
     wait_for,
 )
 from tests.conftest import NEW_TOKENS, hf_greedy
+from tests.node.pd import TokenSink
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 

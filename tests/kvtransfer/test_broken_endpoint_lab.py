@@ -32,7 +32,8 @@ REFUSAL = "backend refused the peer: nixlBackendError: NIXL_ERR_BACKEND"
 
 def config(host_ip: str) -> dict:
     return dict(backend="nixl", host=host_ip, bootstrap_timeout_s=10.0, wait_timeout_s=10.0, transfer_timeout_s=10.0,
-                heartbeat_interval_s=0.25, heartbeat_timeout_s=5.0, secret=SECRET)
+                heartbeat_interval_s=0.25, heartbeat_timeout_s=5.0,
+                identity=SECRET.shared_identity())
 
 
 def until(predicate, what: str, timeout_s: float = W):

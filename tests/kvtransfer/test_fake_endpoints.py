@@ -19,10 +19,12 @@ from raypd.kvtransfer import (
     create_backend,
 )
 from raypd.kvtransfer import TransferState as S
+from tests.conftest import keyed
 
 CFG = TransferConfig(backend="fake", bootstrap_timeout_s=0.6, wait_timeout_s=5.0, transfer_timeout_s=0.8,
                      heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0)
 W = 10.0  # generous bound on any wait
+
 
 
 def pools(seed: int, blocks: int = 16, slots: int = 4):
@@ -251,7 +253,7 @@ def test_unreachable_sender_fails_after_bootstrap_timeout():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with KVReceiver(*pools(3), CFG) as rcv:
-        rcv.add_room(1, f"tcp://127.0.0.1:{port}", [1], None)
+        rcv.add_room(1, keyed(f"tcp://127.0.0.1:{port}"), [1], None)
         assert rcv.wait(1, S.SUCCESS, W) == S.FAILED
         assert "timeout" in rcv.failure_reason(1)  # bootstrap or heartbeat, whichever fires first
         rcv.release(1)

@@ -1,6 +1,7 @@
 """A node restarted under its name while its old connection is still open (a host lost without a FIN:
-half-open) is heard at once: the bootstrap ROUTER hands the name over to the newest connection, and
-its replies go there. Real sockets on loopback, the old link left open as a lost host's would be."""
+half-open) is heard at once: each connection has a routing id of its own, and the node is known by its
+key, so the new connection is heard as the same node and its replies go there. Real sockets on
+loopback, the old link left open as a lost host's would be."""
 from __future__ import annotations
 
 import time
@@ -13,6 +14,7 @@ from raypd.kvtransfer.bootstrap.server import BootstrapServer
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, unguard
 
 SECRET = DataPlaneSecret.generate()
+NODES = ["raypd-prefill-0", "raypd-decode-0"]
 WAIT_S = 10.0
 
 
@@ -28,19 +30,22 @@ def first(read, wait_s: float = WAIT_S) -> list:
 
 def test_a_node_restarted_under_its_name_takes_its_route_over():
     ctx = zmq.Context()
-    server = BootstrapServer(ctx, "127.0.0.1", 0, 1 << 20, SECRET)
-    old = BootstrapLink(ctx, server.address, "raypd-decode-0", 1 << 20, time.monotonic(), SECRET)
+    server = BootstrapServer(ctx, "127.0.0.1", 0, 1 << 20, SECRET.identity("raypd-prefill-0", NODES))
+    decode = SECRET.identity("raypd-decode-0", NODES)  # a restarted node has the same keys (its name's)
+    old = BootstrapLink(ctx, server.address, "raypd-decode-0", 1 << 20, time.monotonic(), decode)
     new = None
     try:
         assert old.send(schema.Ping(1))
-        assert first(server.receive) == [(b"raypd-decode-0", schema.Ping(1))]
+        [(old_route, who, msg)] = first(server.receive)
+        assert (who, msg) == ("raypd-decode-0", schema.Ping(1))
         # The node restarts (a new process, the same name); the old connection is never closed.
-        new = BootstrapLink(ctx, server.address, "raypd-decode-0", 1 << 20, time.monotonic(), SECRET)
+        new = BootstrapLink(ctx, server.address, "raypd-decode-0", 1 << 20, time.monotonic(), decode)
         assert new.send(schema.Ping(2))
-        assert first(server.receive) == [(b"raypd-decode-0", schema.Ping(2))]   # heard, not ignored
-        assert server.send(b"raypd-decode-0", schema.Pong(2, "raypd-prefill-0", False))
+        [(new_route, who, msg)] = first(server.receive)                       # heard, not ignored
+        assert (who, msg) == ("raypd-decode-0", schema.Ping(2)) and new_route != old_route
+        assert server.send(new_route, schema.Pong(2, "raypd-prefill-0", False))
         assert first(new.receive) == [schema.Pong(2, "raypd-prefill-0", False)]
-        assert first(old.receive, 0.5) == []                                      # the name is the new one's
+        assert first(old.receive, 0.5) == []                                      # the reply went to the new one
     finally:
         for link in (old, new):
             if link is not None:

@@ -15,6 +15,8 @@ from raypd.kvtransfer import KVReceiver, KVSender, TransferConfig
 from raypd.kvtransfer import TransferState as S
 from raypd.kvtransfer.bootstrap import schema
 from raypd.kvtransfer.data_plane_auth import DataPlaneSecret, as_client
+from raypd.kvtransfer.identity import split_address
+from tests.conftest import keyed
 from tests.kvtransfer.peer_proc import Peer, make_pool, rand_tables
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -24,6 +26,7 @@ SEND_BLOCKS, SEND_SLOTS = 128, 16
 RECV_BLOCKS, RECV_SLOTS = 512, 96
 
 
+
 # Both processes' endpoints get this one (pickled to the child), as a deployment hands out its secret.
 SECRET = DataPlaneSecret.generate()
 
@@ -31,7 +34,8 @@ SECRET = DataPlaneSecret.generate()
 def config(backend: str, **kw) -> dict:
     # Short enough to keep the suite quick, long enough for a loaded 2-core machine.
     return dict(backend=backend, bootstrap_timeout_s=3.0, wait_timeout_s=30.0,
-                transfer_timeout_s=10.0, heartbeat_interval_s=0.25, heartbeat_timeout_s=3.0, secret=SECRET) | kw
+                transfer_timeout_s=10.0, heartbeat_interval_s=0.25, heartbeat_timeout_s=3.0,
+                identity=SECRET.shared_identity()) | kw
 
 
 @pytest.fixture(scope="module", params=["nixl", "tcp"])
@@ -141,7 +145,7 @@ def test_destination_never_arrives_and_orphans_expire(backend, receiver):
     import socket
     with socket.socket() as s:  # a 127.0.0.1 port nobody listens on
         s.bind(("127.0.0.1", 0))
-        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        dead = keyed(f"tcp://127.0.0.1:{s.getsockname()[1]}")
     snd, _, _ = make_sender(backend)
     try:
         snd.add_room(1)  # the receiver never sends a destination for it
@@ -230,10 +234,10 @@ def test_sender_killed_receiver_frees_everything(backend):
 def test_malformed_and_wrong_version_messages_are_rejected(backend, caplog):
     snd, spool, _ = make_sender(backend)
     ctx = zmq.Context()
-    sock = as_client(ctx.socket(zmq.DEALER), SECRET)  # an insider's bugs: it holds the secret
+    url, server_key = split_address(snd.bootstrap_address)
+    sock = as_client(ctx.socket(zmq.DEALER), SECRET.shared_identity(), server_key)  # an insider's bugs
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.ROUTING_ID, b"intruder")
-    sock.connect(snd.bootstrap_address)
+    sock.connect(url)
     try:
         with caplog.at_level(logging.ERROR, logger="kvtransfer"):
             bad = [b"\xc1 not msgpack", msgpack.packb({"v": 99, "t": "ping", "seq": 1}),

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from raypd.kvtransfer import TransferConfig
-from raypd.kvtransfer.data_plane_auth import as_server, process_secret
+from raypd.kvtransfer.data_plane_auth import as_server, process_identity, process_secret
+from raypd.kvtransfer.identity import DataPlaneIdentity
 from raypd.protocol.messages import NodeRequest, StreamEnd, TokenChunk, unpack_chunks
 from raypd.protocol.sampling_params import SamplingParams
 
@@ -75,15 +76,24 @@ class RecordingConductor:
         self.mark_dead = MarkDead()
 
 
+# The node names a NodeCluster started in a test process may give (NodeCluster numbers each role).
+CLUSTER_NODE_NAMES = [f"raypd-{role}-{i}" for role in ("prefill", "decode", "mixed", "flex") for i in range(16)]
+
+
 class TokenSink:
-    """The caller's end of the token streams: a zmq PULL socket whose address goes in
-    NodeRequest.reply_address."""
+    """The caller's end of the token streams: a zmq PULL socket whose (keyed) address goes in
+    NodeRequest.reply_address. It admits what a driver would: nodes built in this process (their
+    shared identity, data_plane_auth.process_identity), and the nodes of a NodeCluster started in this
+    process, whose keys derive from this process's secret and their names."""
 
     def __init__(self) -> None:
-        # As a driver's: nodes of this process hold its secret (data_plane_auth.process_secret).
-        self._sock = as_server(zmq.Context.instance().socket(zmq.PULL), process_secret())
+        shared = process_identity()
+        identity = DataPlaneIdentity.generate("token-sink")
+        identity.peers.admit_all({**shared.peers.as_dict(),
+                                  **{n: process_secret().public_key_of(n) for n in CLUSTER_NODE_NAMES}})
+        self._sock = as_server(zmq.Context.instance().socket(zmq.PULL), identity)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self.address = f"tcp://127.0.0.1:{self._sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.address = identity.address(f"tcp://127.0.0.1:{self._sock.bind_to_random_port('tcp://127.0.0.1')}")
         self._chunks: dict[str, list[TokenChunk]] = defaultdict(list)
 
     def chunks(self, request_id: str, timeout_s: float = WAIT_S) -> list[TokenChunk]:

@@ -20,9 +20,11 @@ from raypd.kvtransfer import TransferState as S
 from raypd.node.aux_slots import AUX_MAGIC, AUX_WIDTH, AuxRecord, AuxSlots
 from raypd.protocol.messages import TokenChunk
 from raypd.protocol.sampling_params import SamplingParams
+from tests.conftest import keyed
 from tests.node.pd import ENGINE, config, prompt, request, wait_until
 
 THREE = SamplingParams(max_tokens=3, temperature=0.0)
+
 
 
 class Streams:
@@ -289,7 +291,7 @@ def test_timeouts_on_the_receiver(engine, what):
     side = make_side(engine, **{f"{what}_timeout_s": 0.3})
     try:
         if what == "bootstrap":  # nobody listens at the prefill node's address
-            dr = DecodeRequest(request(prompt(40), bootstrap_address="tcp://127.0.0.1:9"), t={"arrived": time.time()})
+            dr = DecodeRequest(request(prompt(40), bootstrap_address=keyed("tcp://127.0.0.1:9")), t={"arrived": time.time()})
             side.to_transfer(dr)
         else:  # the write never completes; the sender gives up as soon
             side.peer.close()

@@ -12,6 +12,7 @@ import pytest
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.node.engine_loop import NodeCrashedError
 from raypd.prefill_node.prefill_node import PrefillNode
+from tests.conftest import keyed
 from tests.node.pd import ENDLESS, PATIENT, WAIT_S, RecordingConductor, TokenSink, prompt, request, wait_held
 
 
@@ -31,7 +32,7 @@ def test_prefill_node_crash_fails_pending_calls_at_once():
             # No decode side ever registers: the request waits (computed, its write armed) until the crash.
             pending = asyncio.ensure_future(prefill.prefill(request(prompt(40), ENDLESS)))
             # A prefix import from a source that never writes: it waits for the write until the crash.
-            copy = asyncio.ensure_future(prefill.import_prefix(list(prompt(32)), 77, "tcp://127.0.0.1:9"))
+            copy = asyncio.ensure_future(prefill.import_prefix(list(prompt(32)), 77, keyed("tcp://127.0.0.1:9")))
             await wait_held(prefill, 1)
             from raypd.node.conductor_link import ConductorLink
             prefill.core._conductor_link = link = ConductorLink(prefill, link_conductor, None)
@@ -63,7 +64,7 @@ def test_decode_node_crash_ends_every_stream_with_an_error():
         try:
             # Waits in TRANSFER for a prefill node that never writes (an unreachable bootstrap address
             # fails the room; a silent one keeps it waiting): a listening socket nobody answers on.
-            reqs = [request(prompt(20, 1000 + 50 * i), ENDLESS, "tcp://127.0.0.1:9", sink.address) for i in range(2)]
+            reqs = [request(prompt(20, 1000 + 50 * i), ENDLESS, keyed("tcp://127.0.0.1:9"), sink.address) for i in range(2)]
             calls = [asyncio.ensure_future(decode.generate(r)) for r in reqs]
             await asyncio.sleep(0.2)
             await crash(decode)

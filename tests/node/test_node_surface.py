@@ -13,7 +13,7 @@ from raypd.node.node_actor import NodeActor
 from raypd.prefill_node.prefill_node import PrefillNode
 
 SHARED = {"ready", "abort", "load_report", "published_load", "stats", "drain_kv_events", "kv_snapshot", "check_idle",
-          "attach_conductor", "crash_engine", "fail_requests", "hold_steps", "shutdown"}
+          "attach_conductor", "admit_peers", "crash_engine", "fail_requests", "hold_steps", "shutdown"}
 OWN = {PrefillNode: {"prefill", "export_prefix", "import_prefix", "abort_migration"},
        DecodeNode: {"generate"}, MixedNode: {"generate"},
        FlexNode: {"prefill", "generate", "export_prefix", "import_prefix", "abort_migration", "set_duty"}}

@@ -12,9 +12,11 @@ import pytest
 from raypd.decode_node.decode_node import DecodeNode
 from raypd.prefill_node.prefill_node import PrefillNode
 from raypd.protocol.messages import OVERLOADED
+from tests.conftest import keyed
 from tests.node.pd import PATIENT, assert_idle, prompt, request, stop_nodes, wait_queue
 
 BOOTSTRAP_S, PREALLOC_S, TRANSFER_S = 2.0, 0.5, 0.5
+
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def idle_before_and_after(nodes):
 def test_bootstrap_timeout_on_either_node(nodes, sink):
     prefill, decode = nodes
     alone = request(prompt(20, 300))  # no decode node ever sends the destination
-    nowhere = request(prompt(20, 300), bootstrap_address="tcp://127.0.0.1:9", reply_address=sink.address)
+    nowhere = request(prompt(20, 300), bootstrap_address=keyed("tcp://127.0.0.1:9"), reply_address=sink.address)
 
     async def main():
         return await asyncio.gather(prefill.prefill(alone), decode.generate(nowhere), prefill.stats())

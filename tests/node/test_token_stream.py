@@ -10,8 +10,11 @@ import pytest
 import ray
 
 from raypd.cluster.client.token_receiver import TokenReceiver, TokenStream
+from raypd.kvtransfer.data_plane_auth import process_identity
+from raypd.kvtransfer.identity import DataPlaneIdentity, PeerKeys
 from raypd.node.streams import SEND_HWM, Reply, TokenStreams
 from raypd.protocol.messages import StreamEnd, TokenChunk, pack_chunks, unpack_chunks
+from tests.conftest import keyed
 
 
 def chunk(rid, *tokens, finished=False, **kw) -> TokenChunk:
@@ -181,8 +184,8 @@ def test_open_refusals_and_a_caller_that_never_reads():
         node = TokenStreams()
         try:
             first, dup, bad = Reply(), Reply(), Reply()
-            assert node.open("r", "tcp://127.0.0.1:1", first)  # nobody listens there
-            assert not node.open("r", "tcp://127.0.0.1:1", dup)
+            assert node.open("r", keyed("tcp://127.0.0.1:1"), first)  # nobody listens there
+            assert not node.open("r", keyed("tcp://127.0.0.1:1"), dup)
             assert "already streaming" in (await dup.wait(1)).final.error
             assert not node.open("s", "no-such-transport://x", bad)
             end = await bad.wait(1)
@@ -243,13 +246,15 @@ def test_a_lost_message_is_a_gap_the_caller_sees_never_a_hole():
         port = free_port()
         node = TokenStreams()
         rx = None
+        # The caller's keys exist before it listens (the address it will have is known).
+        rx_identity = DataPlaneIdentity.generate("driver", PeerKeys(process_identity().peers.as_dict()))
         try:
-            assert node.open("g", f"tcp://127.0.0.1:{port}", Reply())
+            assert node.open("g", rx_identity.address(f"tcp://127.0.0.1:{port}"), Reply())
             for step in range(SEND_HWM + 50):
                 node.push(chunk("g", step))
                 node.flush()
             assert node.num_dropped == 50
-            rx = TokenReceiver("127.0.0.1", port=port)
+            rx = TokenReceiver("127.0.0.1", rx_identity, port=port)
             stream = rx.open("g")
             relay = asyncio.ensure_future(relay_all(stream, asyncio.get_running_loop().create_future(),
                                                     chunk_timeout_s=30))

@@ -52,11 +52,19 @@ class FakeNode:
         self.stalled_s = 0.0   # how long its engine's current turn has run, as its published load says
         self.published_load = Method(lambda: replace(load(name, role, 1), stalled_s=self.stalled_s))
         self.attach_conductor = Method(lambda conductor: None)
+        self.admit_error: BaseException | None = None
+        self.admit_peers = Method(self._admit_peers)
 
     def _ready(self):
         if self.error is not None:
             raise self.error
-        return {"instance_id": self.instance, "host": HOST, "num_blocks": 64, "bootstrap_address": f"tcp://{self.instance}"}
+        return {"instance_id": self.instance, "host": HOST, "num_blocks": 64, "bootstrap_address": f"tcp://{self.instance}",
+                "public_key": f"key-{self.name}"}
+
+    def _admit_peers(self, keys: dict) -> int:
+        if self.admit_error is not None:
+            raise self.admit_error
+        return len(keys)
 
 
 class FakeConductor:
@@ -120,6 +128,27 @@ def test_probe_outcomes_move_nodes_between_states_and_tell_the_conductor():
         m = await sup.probe_round()
         assert not m.can_serve and m.health()["status"] == "unavailable"
         assert m.version > 0
+    asyncio.run(run())
+
+
+def test_a_restarted_node_takes_every_peers_key_before_it_is_routed_again():
+    """Ray rebuilds a restarted node from its old constructor arguments, whose allow-list may predate
+    nodes added since (kvtransfer/identity.py): the supervisor hands it the whole list first, and a
+    node that does not take it stays out of routing until it does."""
+    async def run():
+        (p0, d0, d1), conductor = cluster()
+        sup = NodeSupervisor([replace(handle(n), public_key=f"key-{n.name}") for n in (p0, d0, d1)], conductor,
+                             probe_timeout_s=1)
+        await sup.probe_round()
+        assert d0.admit_peers.calls == []                                    # nothing to hand a node that never left
+        d0.instance, d0.admit_error = "b", ConnectionError("not yet")        # Ray restarted it; the call fails
+        m = await sup.probe_round()
+        assert m.by_name["d0"].state is not MemberState.LIVE and m.by_name["d0"].incarnation == 0
+        d0.admit_error = None
+        m = await sup.probe_round()                                          # the next probe hands it over again
+        assert (m.by_name["d0"].state, m.by_name["d0"].incarnation) == (MemberState.LIVE, 1)
+        assert d0.admit_peers.calls[-1] == ({"p0": "key-p0", "d0": "key-d0", "d1": "key-d1"},)
+        assert m.by_name["d0"].node.public_key == "key-d0"                   # the new incarnation's, from ready()
     asyncio.run(run())
 
 
