@@ -47,6 +47,10 @@ PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; measured b
 # Rows from which a row-split projection leaves the C kernel for oneDNN's bf16 GEMM (measured on
 # AMX: docs/benchmarks.md); a decode step with fewer sequences still runs the fused C layers.
 ROW_SPLIT_MIN_ROWS = 8
+# oneDNN projections see bounded row counts (padded_rows): exact up to EXACT_ROWS (decode batches of
+# a few sequences pay no padding), above it 2**ROW_BUCKET_BITS buckets per octave.
+EXACT_ROWS = 16
+ROW_BUCKET_BITS = 3
 LinearKind = Literal["torch", "onednn", "native", "dequantized", "row-split"]
 
 
@@ -69,8 +73,27 @@ class TorchLinear:
         return F.linear(x, self.weight, self.bias)
 
 
+def padded_rows(rows: int) -> int:
+    """The row count a oneDNN projection is called with for `rows` rows: up to EXACT_ROWS as is, then
+    rounded up to one of the 2**ROW_BUCKET_BITS steps of its power-of-two octave (<= 12.5% padding).
+
+    Why: oneDNN builds a primitive (JIT-compiled brgemm kernels and their descriptors, ~0.6 MB of
+    heap and ~0.1 MB of code resident) for every input shape it is called with and keeps it in its
+    primitive cache (1024 entries). A prefill step's row count is the sum of its prompt chunks, any
+    number up to max_num_batched_tokens, so each new count made four more primitives, kept: the
+    soak's prefill node grew by hundreds of MiB (issue 33). Buckets bound the shapes: 56 up to 512
+    rows. The price: ~5% more arithmetic in prefill projections, plus the padded copy (the
+    soak's prefill-only probe, benchmarks/soak/heap_probe.py: ~9% fewer prompt tokens/s)."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << ((rows - 1).bit_length() - 1 - ROW_BUCKET_BITS)
+    return -(-rows // step) * step
+
+
 class PackedLinear:
-    """The weight reordered once into oneDNN's blocked layout; the unpacked copy is not kept."""
+    """The weight reordered once into oneDNN's blocked layout; the unpacked copy is not kept. Inputs
+    are padded with zero rows to padded_rows(), whose results are dropped: a row's result does not
+    depend on the rows beside it, bit for bit (tests/engine/test_onednn_shapes.py, on every CPU path)."""
     packed = True
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -79,7 +102,13 @@ class PackedLinear:
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        rows = x.numel() // self.in_features
+        pad = padded_rows(rows) - rows
+        if not pad:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        x2 = F.pad(x.reshape(rows, self.in_features), (0, 0, 0, pad))
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, "none", [], "")
+        return y[:rows].view(*x.shape[:-1], self.out_features)
 
 
 class RowSplitLinear:
