@@ -119,19 +119,25 @@ def send(host: str, port: int, path: str, body: bytes,
         else:
             s.sendall(body)
         sent = time.monotonic()
-        raw = s.recv(65536)
+        first = s.recv(65536)
         answered = time.monotonic()
-        while b"\r\n\r\n" not in raw or len(raw.partition(b"\r\n\r\n")[2]) < _content_length(raw):
-            more = s.recv(65536)
-            if not more:
-                break
-            raw += more
-    head_part, _, payload = raw.partition(b"\r\n\r\n")
+        status, payload = read_response(s, first)
     try:
         code = json.loads(payload)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         code = None
-    return start, sent, answered, int(head_part.split()[1]), code
+    return start, sent, answered, status, code
+
+
+def read_response(s: socket.socket, raw: bytes = b"") -> tuple[int, bytes]:
+    """Read one whole HTTP/1.1 response (its Content-Length's worth) after `raw`: (status, body)."""
+    while b"\r\n\r\n" not in raw or len(raw.partition(b"\r\n\r\n")[2]) < _content_length(raw):
+        more = s.recv(65536)
+        if not more:
+            break
+        raw += more
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), payload
 
 
 def _content_length(raw: bytes) -> int:

@@ -199,6 +199,9 @@ class _Gate:
         if not any(p is peers for p in self.allow_lists):
             self.allow_lists.append(peers)
 
+    def remove(self, peers: PeerKeys) -> None:
+        self.allow_lists = [p for p in self.allow_lists if p is not peers]
+
     def callback(self, domain: str, key: bytes) -> bool:
         if any(peers.principal_of(key) is not None for peers in self.allow_lists):
             return True
@@ -270,6 +273,15 @@ def guard(ctx: zmq.Context, peers: PeerKeys) -> _Gate:
             found = _guards[ctx.underlying] = (auth, gate)
         found[1].add(peers)
         return found[1]
+
+
+def withdraw(ctx: zmq.Context, peers: PeerKeys) -> None:
+    """Stop admitting `peers` on `ctx`, whose handler lives on (a closed driver's token socket on the
+    process's shared context: its allow-list must not keep growing the handler's with each driver)."""
+    with _guards_lock:
+        found = _guards.get(ctx.underlying)
+        if found is not None:
+            found[1].remove(peers)
 
 
 def unguard(ctx: zmq.Context) -> None:

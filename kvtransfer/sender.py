@@ -144,7 +144,7 @@ class KVSender(Endpoint):
             self._on_register(identity, principal, msg)
             return
         # A receiver is known by the connection it registered on; anything else is unregistered.
-        name = self._names.get(identity, f"<unregistered {principal}>")
+        name = self._names.get(identity) or f"<unregistered {principal}>"
         peer = self._peers.get(name)
         if peer is not None and peer.identity != identity:
             peer = None

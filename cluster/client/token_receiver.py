@@ -33,7 +33,14 @@ import ray
 import zmq
 import zmq.asyncio
 
-from raypd.kvtransfer.data_plane_auth import HandshakeWatch, as_server, log_refusal, process_identity, sender_of
+from raypd.kvtransfer.data_plane_auth import (
+    HandshakeWatch,
+    as_server,
+    log_refusal,
+    process_identity,
+    sender_of,
+    withdraw,
+)
 from raypd.kvtransfer.identity import DataPlaneIdentity, PeerKeys
 from raypd.protocol.messages import StreamEnd, TokenChunk, unpack_chunks
 
@@ -272,6 +279,7 @@ class TokenReceiver:
                 except RuntimeError:  # its loop is closed: the task is gone with it
                     pass
         self._watch.close()
+        withdraw(self._sock.context, self._identity.peers)
         self._sock.close(linger=0)
 
     async def _watch_handshakes(self) -> None:

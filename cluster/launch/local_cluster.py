@@ -280,9 +280,9 @@ class NodeCluster:
         """Register `peers`' data-plane keys with `nodes` (NodeActor.admit_peers). A node that does not
         answer is dead or restarting; the supervisor hands a restarted node the whole list."""
         keys = {p.name: p.public_key for p in peers if p.public_key}
-        refs = {n.name: n.actor.admit_peers.remote(keys) for n in nodes}
-        if not refs or not keys:
+        if not nodes or not keys:
             return
+        refs = {n.name: n.actor.admit_peers.remote(keys) for n in nodes}
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=ADMIT_TIMEOUT_S)
         for name, ref in refs.items():
             try:

@@ -30,6 +30,7 @@ import time
 
 import pytest
 
+from raypd.benchmarks.ingress_hostile import read_response
 from tests.serve.conftest import MODEL, ServerProcess, node_report, request, wait_nodes_idle
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -150,21 +151,8 @@ def slow_post(port: int, body: bytes, send_all: bool = True, gap_s: float = 1.0)
         for b in body if send_all else body[:2]:
             s.sendall(bytes([b]))
             time.sleep(gap_s)
-        raw = b""
-        while b"\r\n\r\n" not in raw or len(raw.partition(b"\r\n\r\n")[2]) < _length(raw):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            raw += chunk
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload)["error"]
-
-
-def _length(raw: bytes) -> int:
-    for line in raw.partition(b"\r\n\r\n")[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":")[1])
-    return 1 << 30
+        status, payload = read_response(s)
+    return status, json.loads(payload)["error"]
 
 
 def test_hostile_inputs_get_4xx_while_a_stream_runs_and_the_deadline_frees_both_nodes(server, client):
