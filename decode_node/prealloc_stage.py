@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from raypd.decode_node.decode_request import DecodePhase, DecodeRequest
-from raypd.engine.engine import LLMEngine
 from raypd.node.aux_slots import AuxSlots
 from raypd.protocol.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 
 class PreallocStage:

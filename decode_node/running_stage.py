@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from raypd.decode_node.decode_request import DecodePhase, DecodeRequest
-from raypd.engine.engine import LLMEngine
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.outputs import StepOutput
 from raypd.node.streams import TokenStreams
 from raypd.protocol.messages import TokenChunk
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 
 class RunningStage:

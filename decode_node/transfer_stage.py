@@ -16,11 +16,14 @@ writing into them.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from raypd.decode_node.decode_request import DecodePhase, DecodeRequest
-from raypd.engine.engine import LLMEngine
 from raypd.kvtransfer import KVReceiver, TransferState
 from raypd.node.aux_slots import AuxSlots
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 S = TransferState
 

@@ -6,6 +6,14 @@ from typing import Literal
 
 from raypd.engine.errors import ConfigError
 
+# Batch options that default by device kind (engine/device.py says why); an option the caller sets
+# always wins. Here, beside EngineConfig, and not in device.py: the serve command reads them to size
+# the ingress's admission, and device.py imports torch.
+BATCH_DEFAULTS = {
+    "cpu": {"chunked_prefill_size": 256, "max_num_batched_tokens": 512, "max_running_requests": 64},
+    "cuda": {"chunked_prefill_size": 2048, "max_num_batched_tokens": 8192, "max_running_requests": 256},
+}
+
 # What --attention-backend accepts (engine/gpu/backend.py says what each one runs): one list for
 # every command that takes the flag.
 BACKEND_CHOICES = ("auto", "triton", "flashinfer", "torch")

@@ -16,17 +16,13 @@ import logging
 
 import torch
 
+from raypd.engine.config import BATCH_DEFAULTS
 from raypd.engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Batch options that default by device kind; an option the caller sets always wins.
-BATCH_DEFAULTS = {
-    "cpu": {"chunked_prefill_size": 256, "max_num_batched_tokens": 512, "max_running_requests": 64},
-    "cuda": {"chunked_prefill_size": 2048, "max_num_batched_tokens": 8192, "max_running_requests": 256},
-}
 
 
 def resolve_device(requested: str) -> torch.device:

@@ -7,35 +7,15 @@ from typing import TYPE_CHECKING
 from raypd.engine.engine import LLMEngine
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.outputs import CompletionOutput
-from raypd.engine.tokenizer import Tokenizer
+from raypd.engine.tokenizer import Prompt, Tokenizer, encode_prompt
 from raypd.protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # typing.TypeIs arrives in Python 3.13; only the type checker needs it
     from typing_extensions import TypeIs
 
-Prompt = str | Sequence[int] | dict
-
-
 def _is_token_ids(prompts: Prompt | Sequence[Prompt]) -> TypeIs[Sequence[int]]:
     """Whether `prompts` is one prompt given as token ids rather than a list of prompts."""
     return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and isinstance(prompts[0], int)
-
-
-def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
-    """A string, a list of token ids, or {"prompt"|"prompt_token_ids"|"messages": ...}."""
-    if isinstance(prompt, dict):
-        if "messages" in prompt:
-            return tokenizer.apply_chat_template(prompt["messages"])
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        if "prompt" in prompt:
-            return encode_prompt(tokenizer, prompt["prompt"])
-        raise InvalidRequestError("a prompt object needs 'prompt', 'prompt_token_ids' or 'messages'", "prompt")
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
-    if isinstance(prompt, (list, tuple)):
-        return list(prompt)
-    raise InvalidRequestError(f"unsupported prompt type {type(prompt).__name__}", "prompt")
 
 
 class LLM:

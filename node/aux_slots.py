@@ -9,8 +9,10 @@ request's first token (and, with it, KV it must not trust).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 AUX_WIDTH = 5
 AUX_MAGIC = 0x7261797064  # "raypd"
@@ -26,6 +28,8 @@ class AuxRecord:
 
 class AuxSlots:
     def __init__(self, num_slots: int, device: str | torch.device = "cpu"):
+        import torch  # here: the node classes import this module wherever a node's handle goes
+
         self.buffer = torch.zeros(num_slots, AUX_WIDTH, dtype=torch.int64, device=device)
         self._free = list(range(num_slots - 1, -1, -1))
 
@@ -41,6 +45,8 @@ class AuxSlots:
         return len(self._free)
 
     def write(self, slot: int, rec: AuxRecord) -> None:
+        import torch
+
         self.buffer[slot] = torch.tensor([rec.first_token, rec.num_cached_tokens, rec.num_prompt_tokens, rec.room,
                                           AUX_MAGIC])
 

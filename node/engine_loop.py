@@ -19,9 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
-from raypd.engine.engine import LLMEngine
 from raypd.engine.outputs import StepOutput
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

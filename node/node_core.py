@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from raypd.engine.engine import LLMEngine
 from raypd.engine.gc_pauses import freeze_heap
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer.config import TransferConfig
@@ -81,6 +80,8 @@ class NodeCore:
         # that reaches a node's actor handle must not be able to crash it, fail or stall its requests.
         self.chaos_hooks = chaos_hooks
         self._kv_events: deque[KVEvent] = deque(maxlen=KV_EVENT_BUFFER)
+        from raypd.engine.engine import LLMEngine  # torch: here, in the node's own process
+
         self.engine = LLMEngine(model, on_kv_event=self._kv_events.append, **options)
         # This node's keys and the peers it admits (kvtransfer/identity.py): every token, bootstrap and
         # KV connection proves with them who it is. The node pool derives them from the deployment's

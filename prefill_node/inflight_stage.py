@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from raypd.engine.engine import LLMEngine
 from raypd.kvtransfer import KVSender, TransferState
 from raypd.node.aux_slots import AuxRecord, AuxSlots
 from raypd.prefill_node.prefill_request import PrefillPhase, PrefillRequest
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 S = TransferState

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from raypd.engine.cache.radix_cache import RadixNode
-from raypd.engine.engine import LLMEngine
 from raypd.kvtransfer import KVReceiver, KVSender, TransferState
 from raypd.node.streams import Reply
 from raypd.protocol.messages import PrefillResult
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 S = TransferState
 

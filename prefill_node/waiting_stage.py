@@ -15,13 +15,16 @@ The rooms of waiting requests are polled only for failure: the engine's step out
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from raypd.engine.engine import LLMEngine
 from raypd.engine.errors import InvalidRequestError
 from raypd.engine.outputs import StepOutput
 from raypd.kvtransfer import KVSender, TransferState
 from raypd.node.aux_slots import AuxSlots
 from raypd.prefill_node.prefill_request import PrefillPhase, PrefillRequest
+
+if TYPE_CHECKING:  # torch: only a type here; a process that holds a node's handle imports this module
+    from raypd.engine.engine import LLMEngine
 
 S = TransferState
 

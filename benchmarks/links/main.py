@@ -10,7 +10,7 @@ memory and the transfer backend `raypd serve` would use (--backend; the data pla
 RAYPD_DATA_PLANE_SECRET when set, else a fresh one for this run). For every ordered pair of nodes
 (--one-way: every unordered pair once), one after another: --warmup one-block writes, then --reps
 one-block writes and --reps writes of the whole pool, each timed from the write posted to the bytes
-at the peer; bandwidth is the big write's bytes over its median time, latency the small write's
+at the peer; bandwidth is the big write's bytes over its fastest time, latency the small write's
 median time (pairs.py). With nixl, each pair also says which UCX transport its writes took
 (kvtransfer/nixl/ucx_transport.py): between two machines it must be a network one (tcp, rc, ...), never CMA or
 shared memory. A second probe on the first node measures two processes on one machine

@@ -73,13 +73,15 @@ def read_prompts(args) -> list:
 
 
 def run_generate(args) -> int:
-    from raypd.engine import LLM, EngineError, SamplingParams
+    from raypd.engine import EngineError, SamplingParams
 
     try:
         prompts = read_prompts(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos)
         if args.mode == "single":
+            from raypd.engine import LLM  # torch: only the one-process mode runs the model here
+
             outputs = LLM(args.model, num_threads=args.threads, **engine_options(args)).generate(prompts, params)
         else:
             from raypd.cluster.cli.generate_cluster import generate_on_cluster  # imports Ray: only when needed

@@ -12,10 +12,9 @@ from raypd.cluster.client.request_driver import RequestDriver
 from raypd.cluster.client.router import Router
 from raypd.cluster.launch.local_cluster import ClusterSpec, NodeCluster
 from raypd.conductor.policies import POLICIES
-from raypd.engine.llm import encode_prompt
 from raypd.engine.model.source import resolve_model
 from raypd.engine.outputs import CompletionOutput
-from raypd.engine.tokenizer import Tokenizer
+from raypd.engine.tokenizer import Tokenizer, encode_prompt
 from raypd.protocol.roles import Role
 from raypd.protocol.sampling_params import SamplingParams
 

@@ -223,8 +223,7 @@ class ServeConfig:
         by the batch defaults of the nodes' device kind - shared among the replicas, and max_queued
         the same again waiting at the ingress. cluster_gpus: what the Ray cluster reports, which
         decides where nodes with the default device and --gpus-per-node run."""
-        from raypd.engine.config import EngineConfig  # the engine's defaults are the one source
-        from raypd.engine.device import BATCH_DEFAULTS
+        from raypd.engine.config import BATCH_DEFAULTS, EngineConfig  # the engine's defaults: the one source
 
         device = str(self.engine_options.get("device", "auto"))
         on_gpu = device.startswith("cuda") or (

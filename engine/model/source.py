@@ -48,11 +48,11 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
 
 
 def _converted(gguf_path: Path) -> Path:
-    from raypd.engine.model.gguf_convert import convert_gguf
-
     st = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
     out = cache_root() / "models" / f"{gguf_path.stem}-{key}"
     if not (out / "config.json").exists():
+        from raypd.engine.model.gguf_convert import convert_gguf  # torch: only when converting
+
         convert_gguf(gguf_path, out)
     return out

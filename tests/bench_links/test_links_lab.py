@@ -1,14 +1,16 @@
-"""`raypd bench links` on a lab (benchmarks/lab) of two racks of two hosts, the racks joined at 200 mbit
+"""`raypd bench links` on a lab (benchmarks/lab) of two racks of two hosts, the racks joined at 50 mbit
 while hosts in one rack share a bridge (issue 32, items 2 and 3). Ray runs on every host with UCX
 limited to the network (benchmarks/lab/ray_hosts.py's NETWORK_ONLY: namespaces share one kernel, so UCX
 would otherwise copy between them with CMA), and the benchmark runs inside the head host, joining
 the cluster by its address, as an operator runs it after `ray up`. The topology file it writes,
 read back by Topology.from_yaml, groups the hosts by their racks and gives every in-rack pair more
 bandwidth than every cross-rack pair; with nixl, UCX's own tables say every write between two hosts
-took tcp; the probes are gone when it exits. Both backends: nixl both ways, tcp one way (cheaper).
+took tcp; the probes are gone when it exits. 50 mbit, not more: the tcp backend moves bytes through
+Python, and on a busy 2-core CI machine an in-rack pair measured only 2.6x a 200 mbit link, below
+the 3x gap that separates racks. Both backends: nixl both ways, tcp one way (cheaper).
 A transfer path that cannot be set up (an RDMA device the hosts lack) makes every pair unreachable,
 each with the reason, and an exit status of 1, not a crash. Small writes suffice: 1 MiB crosses
-200 mbit in 40 ms, a bridge in a few."""
+50 mbit in 170 ms, a bridge in a few."""
 from __future__ import annotations
 
 import itertools
@@ -30,7 +32,7 @@ SMALL_RUN = ["--bytes", "1MiB", "--reps", "3", "--warmup", "2", "--no-same-host"
 
 @pytest.fixture(scope="module")
 def lab_ray():
-    lab = Lab(LabSpec(hosts_per_rack=(2, 2), cross_rack_rate="200mbit"))
+    lab = Lab(LabSpec(hosts_per_rack=(2, 2), cross_rack_rate="50mbit"))
     with lab:
         yield lab, start_ray(lab, {1: "prefill", 2: "decode", 3: "decode"}, cpus_per_host=1, extra_env=NETWORK_ONLY)
     assert (lab.namespaces(), lab.links(), lab.folder.exists()) == ([], [], False)

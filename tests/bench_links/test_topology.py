@@ -16,9 +16,10 @@ A, B, C, D, E = "198.18.0.10", "198.18.0.11", "198.18.1.12", "198.18.1.13", "198
 
 
 def pair(src: str, dst: str, gbps: float, latency_us: float) -> PairResult:
-    """A pair whose small writes took latency_us and whose big writes moved gbps (medians; noise around them)."""
+    """A pair whose small writes took latency_us (the median; noise around it) and whose fastest big
+    write moved gbps (the others slower)."""
     small, big = latency_us * 1e-6, BIG / (gbps * 1e9)
-    return PairResult(src, dst, True, "", SMALL, BIG, (small, small * 3, small * 0.9), (big * 0.5, big, big * 1.1),
+    return PairResult(src, dst, True, "", SMALL, BIG, (small, small * 3, small * 0.9), (big * 2, big, big * 1.1),
                       small, {"transports": ["tcp/eth0"], "scope": "inter-node", "network": True, "note": ""})
 
 
@@ -45,7 +46,7 @@ def load(tmp_path, spec: dict) -> Topology:
     return Topology.from_yaml(path)
 
 
-def test_the_figures_are_the_medians_of_the_big_and_the_small_writes():
+def test_the_figures_are_the_fastest_big_write_and_the_median_small_write():
     f = pair(A, B, 2.5, 40.0).figure
     assert f is not None and f.gbps == pytest.approx(2.5) and f.latency_us == pytest.approx(40.0)
     assert PairResult(A, B, False, "write: no answer").figure is None
