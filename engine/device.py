@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-
 def resolve_device(requested: str) -> torch.device:
     """"auto": the current CUDA device when CUDA is usable, else the CPU; anything else as given
     ("cpu", "cuda", "cuda:1"). A CUDA device that does not exist is a ConfigError here, not a

@@ -13,6 +13,7 @@ from raypd.protocol.sampling_params import SamplingParams
 if TYPE_CHECKING:  # typing.TypeIs arrives in Python 3.13; only the type checker needs it
     from typing_extensions import TypeIs
 
+
 def _is_token_ids(prompts: Prompt | Sequence[Prompt]) -> TypeIs[Sequence[int]]:
     """Whether `prompts` is one prompt given as token ids rather than a list of prompts."""
     return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and isinstance(prompts[0], int)

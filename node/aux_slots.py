@@ -45,10 +45,8 @@ class AuxSlots:
         return len(self._free)
 
     def write(self, slot: int, rec: AuxRecord) -> None:
-        import torch
-
-        self.buffer[slot] = torch.tensor([rec.first_token, rec.num_cached_tokens, rec.num_prompt_tokens, rec.room,
-                                          AUX_MAGIC])
+        self.buffer[slot] = self.buffer.new_tensor([rec.first_token, rec.num_cached_tokens, rec.num_prompt_tokens,
+                                                     rec.room, AUX_MAGIC])
 
     def read(self, slot: int) -> AuxRecord | None:
         first, cached, n, room, magic = self.buffer[slot].tolist()

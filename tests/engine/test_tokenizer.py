@@ -29,7 +29,7 @@ def test_the_direct_load_is_what_autotokenizer_gives():
         assert ours.apply_chat_template(messages) == auto.encode(text, add_special_tokens=False)
 
 
-def test_another_declared_class_goes_through_autotokenizer(tmp_path):
+def test_the_declared_class_is_the_name_the_folder_gives_or_none(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "Qwen2Tokenizer"}')
     assert declared_class(tmp_path) == "Qwen2Tokenizer" and declared_class(tmp_path / "nowhere") is None
     (tmp_path / "tokenizer_config.json").write_text("[not json")
