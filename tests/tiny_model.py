@@ -2,7 +2,8 @@
 test run (nothing downloaded), for tests about serving, routing, failures and accounting rather than
 about the real model's tokens: an engine on it starts and steps in milliseconds, where the 135 M
 default spends seconds per request on this CPU. Parity with transformers on real weights stays
-with the default model (tests/engine/test_parity.py and the cluster parity tests)."""
+with the default model (tests/engine/test_parity.py, and across nodes the cluster tests that compare
+with hf_reference: flex duties, local prefill, prefix copies, Conductor routing)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Too much and bad input through HTTP against one real `raypd serve` (1 prefill + 1 decode node over
 NIXL, one ingress replica) with small bounds at the ingress and at each node and a short request
-deadline (--request-timeout 30), through the official openai client and raw HTTP.
+deadline (--request-timeout 20), through the official openai client and raw HTTP.
 
 The flood (issue 16, must-hold 3) takes concurrent requests well beyond the bounds: every answer is a
 200 that finishes or a 429 with Retry-After and an OpenAI error body (from the ingress's gate or a
@@ -41,7 +41,7 @@ WAVE = 24
 BOUNDS = ("--max-running-requests", "2", "--max-waiting-requests", "2",
           "--max-ongoing-requests", "32", "--max-queued-requests", "4")
 REFUSALS = {"ingress_queue_full", "node_queue_full"}
-TIMEOUT_S = 30  # the server's --request-timeout: the hostile test's concurrent stream runs until it
+TIMEOUT_S = 20  # the server's --request-timeout: the hostile test's concurrent stream runs until it
 LONG = {"max_tokens": 4000, "ignore_eos": True}  # never finishes within the deadline, even on a fast CPU
 
 

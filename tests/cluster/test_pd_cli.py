@@ -2,7 +2,7 @@
 cluster, node actors and (by default) the Conductor that routes each prompt, sends every prompt at
 once, and prints JSON lines equal to transformers' greedy output. On the tiny random-weight model
 (tests/tiny_model.py): what is checked is the CLI's modes end to end; the real model's parity across
-a prefill and a decode node is tests/cluster/test_pd_parity.py's."""
+nodes is tests/cluster/test_flex_duties.py's, test_local_prefill.py's and test_prefix_copy.py's."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import NEW_TOKENS, hf_greedy
+from tests.conftest import NEW_TOKENS
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
 
@@ -21,12 +21,6 @@ def prompt_file(tmp_path_factory, prompt_ids):
     path = tmp_path_factory.mktemp("pd") / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt_token_ids": ids}) + "\n" for ids in prompt_ids))
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny_reference(tiny_model_dir, prompt_ids) -> list[list[int]]:
-    """transformers' float32 greedy continuations on the tiny model (a second or two)."""
-    return hf_greedy(prompt_ids, "float32", tiny_model_dir)
 
 
 def run_cli(*args: str) -> list[dict]:

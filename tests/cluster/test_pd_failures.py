@@ -31,7 +31,7 @@ from tests.cluster.helpers import (
     queues,
     wait_for,
 )
-from tests.conftest import NEW_TOKENS, hf_greedy
+from tests.conftest import NEW_TOKENS
 from tests.node.pd import TokenSink
 
 pytestmark = pytest.mark.cluster  # starts Ray, a server or other processes
@@ -43,12 +43,6 @@ HANG_GUARD_S = 90  # a request still open after this is a hang, whatever the mac
 HOLD_S = 60.0      # a node's steps held (hold_steps) for at most this; each test ends its holds
 # A long prompt: ~50 prefill steps of 16 tokens on the slow prefill nodes.
 SLOW_PROMPT = list(range(1000, 1800))
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir, prompt_ids) -> list[list[int]]:
-    """transformers' float32 greedy continuations on the tiny model (a second or two)."""
-    return hf_greedy(prompt_ids, "float32", tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +228,7 @@ def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids
             cluster.remove(n)
 
 
-def test_transfer_wait_timeout(cluster, prompt_ids, reference):
+def test_transfer_wait_timeout(cluster, prompt_ids, tiny_reference):
     impatient = cluster.add_nodes(["decode"], transfer_options={"wait_timeout_s": 0.3})[0]
     slow, healthy = node(cluster, "prefill-1"), node(cluster, "prefill-0")
     hold_steps(slow, HOLD_S)   # its KV would come long after the impatient node's 0.3 s
@@ -253,7 +247,7 @@ def test_transfer_wait_timeout(cluster, prompt_ids, reference):
             # prefill ended before it heard of the timeout.
             assert final.error and "timeout" in final.error and len(tokens) <= 1
         for i, (tokens, final) in enumerate(results[2:]):
-            assert final.error is None and tokens == reference[i]
+            assert final.error is None and tokens == tiny_reference[i]
         hold_steps(slow, 0)
         assert_idle(cluster.nodes)
     finally:
@@ -262,7 +256,7 @@ def test_transfer_wait_timeout(cluster, prompt_ids, reference):
         cluster.remove(impatient)
 
 
-def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, reference):
+def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, tiny_reference):
     # 16 tokens per step: every prompt queued on it takes a few hundred steps in all.
     victim = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 16, "max_num_batched_tokens": 16})[0]
     decode, healthy = node(cluster, "decode-0"), node(cluster, "prefill-0")
@@ -286,14 +280,14 @@ def test_prefill_killed_with_requests_queued_and_in_flight(cluster, prompt_ids, 
     failed = [final for _, final in doomed if final.error]
     assert failed, "killing the prefill node failed no request"
     for i, (tokens, final) in enumerate(doomed):
-        assert final.error or tokens == reference[i]  # finished before the kill, or failed cleanly
+        assert final.error or tokens == tiny_reference[i]  # finished before the kill, or failed cleanly
     assert all("transfer failed" in f.error or "failed" in f.error for f in failed)
     for i, (tokens, final) in enumerate(fine):
-        assert final.error is None and tokens == reference[i]
+        assert final.error is None and tokens == tiny_reference[i]
     assert_idle(cluster.nodes)
 
 
-def test_decode_killed_mid_stream(cluster, prompt_ids, reference):
+def test_decode_killed_mid_stream(cluster, prompt_ids, tiny_reference):
     victim = cluster.add_nodes(["decode"])[0]
     prefill, healthy = node(cluster, "prefill-0"), node(cluster, "decode-0")
     driver = RequestDriver()
@@ -323,7 +317,7 @@ def test_decode_killed_mid_stream(cluster, prompt_ids, reference):
     for _, final in doomed:
         assert final.error and victim.name in final.error
     for i, (tokens, final) in enumerate(fine):
-        assert final.error is None and tokens == reference[i]
+        assert final.error is None and tokens == tiny_reference[i]
     assert_idle(cluster.nodes)  # prefill-0 freed the rooms it was sending to the dead node
 
 

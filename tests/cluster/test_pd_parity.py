@@ -1,6 +1,10 @@
 """PD generation on a local Ray cluster with the real NIXL transport equals the Hugging Face reference,
 through prefill and decode nodes configured for chunked prefill, a warm prefix cache and retraction;
-and afterwards every node's block accounting adds up with nothing left behind."""
+and afterwards every node's block accounting adds up with nothing left behind.
+
+On the tiny random-weight model (tests/tiny_model.py): what is checked is that splitting a request
+across nodes, in each scheduling mode, changes no token, whatever the weights. The real model's
+tokens across nodes are test_flex_duties.py's, test_local_prefill.py's and test_prefix_copy.py's."""
 from __future__ import annotations
 
 import asyncio
@@ -27,9 +31,9 @@ HANDOFF_PHASES = {"prefill.bootstrap_s", "prefill.queue_s", "prefill.prefill_s",
 
 
 @pytest.fixture(scope="module")
-def cluster(prompt_ids):
+def cluster(prompt_ids, tiny_model_dir):
     longest = max(len(ids) for ids in prompt_ids) + NEW_TOKENS
-    c = NodeCluster.start(ClusterSpec(cpus_per_node=0.5, engine_options={"num_blocks": 512},
+    c = NodeCluster.start(ClusterSpec(model=tiny_model_dir, cpus_per_node=0.5, engine_options={"num_blocks": 512},
                                       transfer_options=FAST_TRANSFER))
     try:
         c.add_nodes(["prefill"])                                                        # prefill-0: defaults
@@ -54,30 +58,30 @@ def check(results, reference):
         assert final.finish_reason == ("stop" if len(ref) < NEW_TOKENS else "length")
 
 
-def test_pd_matches_reference_then_warm_cache(cluster, prompt_ids, hf_reference):
+def test_pd_matches_reference_then_warm_cache(cluster, prompt_ids, tiny_reference):
     driver = RequestDriver()
     route = {"prefill": node(cluster, "prefill-0"), "decode": node(cluster, "decode-0")}
     cold = run_all(driver, prompt_ids, GREEDY, **route)
-    check(cold, hf_reference)
+    check(cold, tiny_reference)
     for _, final in cold:  # the handoff breakdown the PD benchmark reports, phase by phase
         assert HANDOFF_PHASES <= final.timings.keys(), sorted(final.timings)
         assert all(final.timings[k] >= 0 for k in HANDOFF_PHASES)
     warm = run_all(driver, prompt_ids, GREEDY, **route)
-    check(warm, hf_reference)
+    check(warm, tiny_reference)
     for ids, (_, final) in zip(prompt_ids, warm):
         # The prefill node served everything but the block holding the last prompt token from cache.
         assert final.num_cached_tokens == (len(ids) - 1) // 16 * 16
     assert_idle(cluster.nodes)
 
 
-def test_pd_chunked_prefill(cluster, prompt_ids, hf_reference):
+def test_pd_chunked_prefill(cluster, prompt_ids, tiny_reference):
     driver = RequestDriver()
     check(run_all(driver, prompt_ids, GREEDY, prefill=node(cluster, "prefill-1"), decode=node(cluster, "decode-0")),
-          hf_reference)
+          tiny_reference)
     assert_idle(cluster.nodes)
 
 
-def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
+def test_pd_decode_retraction(cluster, prompt_ids, tiny_reference):
     driver = RequestDriver()
     prefill, decode = node(cluster, "prefill-0"), node(cluster, "decode-1")
     # The prompts must reach the decode node together to outgrow its memory together: arriving one by
@@ -91,7 +95,7 @@ def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
             with paused(decode):
                 results = pool.submit(run_all, driver, prompt_ids, GREEDY, prefill=prefill, decode=decode)
                 wait_for(lambda: held(prefill) == len(prompt_ids), "every prompt on the prefill node")
-            check(results.result(timeout=300), hf_reference)
+            check(results.result(timeout=300), tiny_reference)
         assert_idle(cluster.nodes)
         if ray.get(decode.actor.stats.remote())["num_retractions"] > 0:
             break
@@ -99,13 +103,13 @@ def test_pd_decode_retraction(cluster, prompt_ids, hf_reference):
 
 
 def test_the_first_token_comes_from_the_prefill_node_while_the_decode_node_is_frozen(cluster, prompt_ids,
-                                                                                     hf_reference):
+                                                                                     tiny_reference):
     """The driver asks for the first token early (RequestDriver's default): with decode-0 frozen, so no
     KV can land and no decode step can run, the first token still reaches the caller, straight from
     the prefill node; thawed, the stream goes on without repeating it and equals the reference."""
     driver = RequestDriver()
     prefill, decode = node(cluster, "prefill-0"), node(cluster, "decode-0")
-    ids, ref = prompt_ids[0], hf_reference[0]
+    ids, ref = prompt_ids[0], tiny_reference[0]
     got_first = threading.Event()
 
     async def one():
@@ -124,9 +128,9 @@ def test_the_first_token_comes_from_the_prefill_node_while_the_decode_node_is_fr
     assert_idle(cluster.nodes)
 
 
-def test_pd_round_robin_over_two_by_two(cluster, prompt_ids, hf_reference):
+def test_pd_round_robin_over_two_by_two(cluster, prompt_ids, tiny_reference):
     driver = RequestDriver()
-    check(run_all(driver, prompt_ids, GREEDY, router=RoundRobinRouter(cluster.nodes)), hf_reference)
+    check(run_all(driver, prompt_ids, GREEDY, router=RoundRobinRouter(cluster.nodes)), tiny_reference)
     stats = ray.get([n.actor.stats.remote() for n in cluster.by_role("prefill")])
     assert all(s["completed"] > 0 for s in stats)
     assert_idle(cluster.nodes)

@@ -240,9 +240,9 @@ def test_a_failed_load_stops_the_prefix_there_and_frees_its_block():
 def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tiers(make_llm, prompt_ids, hf_reference,
                                                                             tmp_path):
     """A pool too small to keep the article's prompts between turns: their prefix goes down to the
-    tiers (host memory of 6 blocks in front of the disk: most blocks pass through it to the disk) and
+    tiers (host memory of 11 blocks in front of the disk: most blocks pass through it to the disk) and
     comes back from both, and every output is still transformers' float32 greedy output."""
-    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256, kv_host_tier_size_mb=4)
+    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256, kv_host_tier_size_mb=8)
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))  # long ones first, evicted later
     first = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in order}
