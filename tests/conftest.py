@@ -59,10 +59,12 @@ def interpreter_device_calls_keep_the_launch_patch():
     kernel: about 1 ms per call, once per program instance, a quarter of the interpreted tests' time
     here. Inside a launch whose patch already covers the language modules the device function sees
     (the same module objects), the second patch changes nothing, so skip it. Outside a launch, and for
-    a device function that sees a language module the launch did not patch, Triton's own path runs."""
+    the first call in a launch of a device function that sees a language module not yet patched in it
+    (Triton's own tl.sum, tl.max, tl.cdiv see triton.language.core), Triton's own path runs."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
+    import functools
     import inspect
     import threading
 
@@ -76,6 +78,7 @@ def interpreter_device_calls_keep_the_launch_patch():
         def restore(self) -> None:
             pass
 
+    @functools.cache  # a module's imports do not change during the run; its globals are long
     def langs_of(fn) -> frozenset:
         return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
 
@@ -85,8 +88,11 @@ def interpreter_device_calls_keep_the_launch_patch():
         if covered is not None and langs <= covered:
             return Unpatched()
         scope = original_patch(fn)
-        if getattr(state, "in_launch", False) and covered is None:
-            state.launch_langs = langs  # the launch's own patch: device calls below may reuse it
+        if getattr(state, "in_launch", False):
+            # The launch's own patch, or a device function's (tl.sum, tl.cdiv: triton.language.core
+            # in their globals, where the kernel sees only triton.language), which Triton never
+            # restores: either way what it patched stays patched to the launch's end.
+            state.launch_langs = langs if covered is None else covered | langs
         return scope
 
     def launch(self, *args, **kwargs):
