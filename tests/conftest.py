@@ -78,7 +78,7 @@ def interpreter_device_calls_keep_the_launch_patch():
         def restore(self) -> None:
             pass
 
-    @functools.cache  # a module's imports do not change during the run; its globals are long
+    @functools.cache  # a walk over the module's globals, per call otherwise; its imports do not change
     def langs_of(fn) -> frozenset:
         return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
 
@@ -151,13 +151,18 @@ def llm(make_llm):
 
 
 @pytest.fixture(scope="session")
-def prompt_ids() -> list[list[int]]:
-    # The default model's tokenizer alone: a test process that runs no engine of its own (the Ray
-    # tests' driver) builds none to tokenize the prompts.
+def tokenizer():
+    """The default model's tokenizer alone, for the tests that tokenize without an engine (the Ray
+    tests' driver, the ingress app's tests) and for the prompts every parity test sends."""
     from raypd.engine.model.source import resolve_model
     from raypd.engine.tokenizer import Tokenizer
 
-    ids = all_prompt_ids(Tokenizer(resolve_model(None)))
+    return Tokenizer(resolve_model(None))
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tokenizer) -> list[list[int]]:
+    ids = all_prompt_ids(tokenizer)
     assert len(ids) >= 10 and min(map(len, ids)) < 10 and max(map(len, ids)) > 300
     return ids
 

@@ -23,14 +23,6 @@ from tests.serve.test_ingress_app import MIXED_NODE, MODEL, app_for, call
 from tests.serve.test_membership import FakeNode, handle, membership
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from raypd.engine.model.source import resolve_model
-    from raypd.engine.tokenizer import Tokenizer
-
-    return Tokenizer(resolve_model(None))
-
-
 class PriorityRecorder(Router):
     """Routes everything to one mixed node; records (call, priority)."""
 

@@ -203,12 +203,3 @@ def client(base_url):
 
     with OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0, timeout=120) as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    """The default model's tokenizer, for the tests that run the ingress app without a cluster."""
-    from raypd.engine.model.source import resolve_model
-    from raypd.engine.tokenizer import Tokenizer
-
-    return Tokenizer(resolve_model(None))
