@@ -13,6 +13,7 @@ port in use or a missing model ends it with one line on stderr and status 2.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # it imports Ray, which the command line loads only once it s
     from raypd.cluster.serve.config import ServeConfig
 
 log = logging.getLogger("raypd.serve")
+STACKS_AFTER_S = 45.0  # a clean-up still running this long after Ctrl-C is stuck: its stacks are logged
 
 
 class ServeStartError(RuntimeError):
@@ -238,6 +240,10 @@ def run_serve(args) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Every step of the clean-up is bounded (Serve's controller 30 s, Ray's kills); should one hang
+        # anyway, or the interpreter's exit after it, every thread's stack goes to stderr, repeatedly,
+        # so that the operator (and a test's log) sees where. Never cancelled: the exit ends it.
+        faulthandler.dump_traceback_later(STACKS_AFTER_S, repeat=True, file=sys.stderr)
         server.stop()
 
 
@@ -320,6 +326,7 @@ class Server:
 
         if not ray.is_initialized():
             return
+        log.info("stopping Serve ...")
         try:
             if self.started_ray:
                 serve.shutdown()
@@ -332,6 +339,7 @@ class Server:
                 log.warning("killed what the app left running: %s", ", ".join(left))
         except Exception as e:  # noqa: BLE001 - Ray must still stop
             log.warning("could not kill the app's actors: %s", reason(e))
+        log.info("stopping Ray ...")
         ray.shutdown()
         log.info("stopped")
 

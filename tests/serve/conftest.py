@@ -108,7 +108,8 @@ class ServerProcess:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"raypd serve did not stop within {timeout_s:.0f}s of {sig!r}") from None
+            raise AssertionError(f"raypd serve did not stop within {timeout_s:.0f}s of {sig!r}; its log ends "
+                                 f"(a stuck clean-up logs every thread's stack):\n{self.log()[-12000:]}") from None
         deadline = time.monotonic() + 30
         while (left := self.leftovers()) and time.monotonic() < deadline:
             time.sleep(0.5)
