@@ -18,6 +18,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# KV pools on plain pages (engine/cache/host_memory.py): on this project's VMs a huge page's first
+# touch costs ~8 s of kernel time per GiB, paid by every engine and node the suite starts (hundreds),
+# and no test here measures the transfer speed huge pages are for. tests/engine/test_host_memory.py
+# turns them on for its own tests. Set before Ray or any server starts, so their processes inherit it.
+os.environ.setdefault("RAYPD_KV_HUGE_PAGES", "0")
+
 from tests.prompts import all_prompt_ids  # noqa: E402
 
 # 32 greedy tokens: the five reference continuations that end at EOS end within 30, so every prompt still
@@ -167,10 +173,11 @@ def prompt_ids(tokenizer) -> list[list[int]]:
     return ids
 
 
-def hf_greedy(prompt_ids: list[list[int]], dtype_name: str, model_dir: str | None = None) -> list[list[int]]:
-    """Greedy continuations from transformers in `dtype_name`, one prompt at a time (no padding),
-    stopping at EOS like the engine: of the default model (its GGUF, with transformers' own
-    dequantizer), or of the Hugging Face folder `model_dir`."""
+def hf_greedy(prompt_ids: list[list[int]], dtype_name: str, model_dir: str | None = None,
+              new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Greedy continuations (up to `new_tokens`) from transformers in `dtype_name`, one prompt at a
+    time (no padding), stopping at EOS like the engine: of the default model (its GGUF, with
+    transformers' own dequantizer), or of the Hugging Face folder `model_dir`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -187,7 +194,7 @@ def hf_greedy(prompt_ids: list[list[int]], dtype_name: str, model_dir: str | Non
     with torch.inference_mode():
         for ids in prompt_ids:
             gen = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=NEW_TOKENS, do_sample=False)
+                                 max_new_tokens=new_tokens, do_sample=False)
             out.append(gen[0, len(ids):].tolist())
     return out
 
@@ -213,10 +220,12 @@ def hf_reference(prompt_ids, tmp_path_factory) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def tiny_reference(tiny_model_dir, prompt_ids) -> list[list[int]]:
-    """transformers' float32 greedy continuations on the tiny model (a second or two), for the cluster
-    tests whose question is what the nodes and the transfer do to the tokens, whatever the weights."""
-    return hf_greedy(prompt_ids, "float32", tiny_model_dir)
+def tiny_reference(tiny_model_dir, prompt_ids, tmp_path_factory) -> list[list[int]]:
+    """transformers' float32 greedy continuations on the tiny model (a few seconds), for the cluster
+    tests whose question is what the nodes and the transfer do to the tokens, whatever the weights.
+    Once per run: every worker's tiny model is built from the same seed."""
+    return once_per_run(tmp_path_factory, "tiny-reference-float32",
+                        lambda: hf_greedy(prompt_ids, "float32", tiny_model_dir))
 
 
 PROCESS_MARK = "RAYPD_TEST_PROCESS_MARK"
@@ -301,32 +310,44 @@ OWN_GROUP = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl
              "tests/bench_serve/test_two_systems.py"}
 
 
-# Files whose Ray clusters run the tiny model with small KV pools (a few hundred MB in all): their
-# group, "ray-tiny", runs on the other worker beside the "ray" group, the only place two Ray clusters
-# meet. The lab's clusters live in network namespaces of their own.
+# Files whose Ray clusters or servers run the tiny model with small KV pools (a few hundred MB each;
+# the labs' clusters live in network namespaces of their own, under names and bridges each lab draws):
+# each is a group of its own, like the one-process files, so the two workers share them out instead
+# of queueing them behind one another.
 RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_chaos/test_chaos_lab.py",
             "tests/bench_soak/test_soak_short.py",
             "tests/bench_tenants/test_tenants_short.py", "tests/pool_scaling/test_autoscale_serve.py",
             "tests/bench_autoscale/test_autoscale_short.py",
             "tests/lab/test_lab.py", "tests/lab/test_pd_across_racks.py",
             "tests/lab/test_host_faults.py", "tests/bench_links/test_links_lab.py",
-            "tests/lab/test_ray_up_local.py"}
+            "tests/lab/test_ray_up_local.py",
+            "tests/cluster/test_fault_tolerance.py", "tests/cluster/test_pd_failures.py",
+            "tests/cluster/test_pd_parity.py", "tests/cluster/test_pd_cli.py",
+            "tests/cluster/test_prefix_copy.py", "tests/cluster/test_flex_duties.py",
+            "tests/cluster/test_local_prefill.py", "tests/cluster/test_placement.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
     """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
     one worker. Every test that starts Ray or a server on the default model is in one group, "ray":
-    the other tests fill the other core meanwhile, and two such Ray clusters at once would not fit
-    this machine's memory (Ray's OOM killer took a node pool when they shared it). The benchmarks'
-    short runs on the tiny model (RAY_TINY) and the small set-ups of OWN_GROUP are small enough to be
-    the exceptions. Within a group, module- and package-scoped clusters are shared as without xdist.
-    Each other file is a group of its own."""
+    two such Ray clusters at once would not fit this machine's memory (Ray's OOM killer took a node
+    pool when they shared it). The tiny model's clusters (RAY_TINY) and the small set-ups of OWN_GROUP
+    are small enough to be the exceptions: each of those files, and each other file, is a group of its
+    own. Within a group, module- and package-scoped clusters are shared as without xdist.
+
+    xdist hands groups out in the order collected, so the run's end is whatever long group started
+    last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
+    then the one-process files (most take seconds), which fill both workers to the end. Within a file
+    the order stays the file's own."""
+    rank = {}
     for item in items:
         path = item.nodeid.split("::")[0]
-        cluster = item.get_closest_marker("cluster") and path not in OWN_GROUP
-        group = ("ray-tiny" if path in RAY_TINY else "ray") if cluster else path
-        item.add_marker(pytest.mark.xdist_group(group))
+        cluster = item.get_closest_marker("cluster") is not None
+        shared = cluster and path not in OWN_GROUP | RAY_TINY
+        item.add_marker(pytest.mark.xdist_group("ray" if shared else path))
+        rank[item.nodeid] = 0 if shared else 1 if cluster else 2
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: the collected order within each rank
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,8 +2,9 @@
 test run (nothing downloaded), for tests about serving, routing, failures and accounting rather than
 about the real model's tokens: an engine on it starts and steps in milliseconds, where the 135 M
 default spends seconds per request on this CPU. Parity with transformers on real weights stays
-with the default model (tests/engine/test_parity.py, and across nodes the cluster tests that compare
-with hf_reference: flex duties, local prefill, prefix copies, Conductor routing)."""
+with the default model (tests/engine/test_parity.py, and across nodes the one cluster test module
+that compares with hf_reference: tests/cluster/test_conductor_routing.py, whose request goes from
+prefill to decode node, is served from a cache hit and from a prefix copied between prefill nodes)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -24,9 +24,11 @@ PHASE = {"requests", "completed", "met", "attainment", "by_status", "errors", "l
 
 def test_a_short_run_measures_every_phase_and_leaves_nothing(tmp_path, tiny_model_dir):
     out = tmp_path / "autoscale.json"
-    # As a user runs it, in a process of its own. A given base rate (no calibration server) keeps the
-    # wall time to one server's start and stop and ~15 s of load.
-    args = ["autoscale", "--short", "--base-rate", "3", "--warmup", "1", "--output-len", "8",
+    # As a user runs it, in a process of its own. A given base rate (no calibration server) and phases
+    # shorter than --short's (2 + 3 + 3 s; /health read every 0.5 s, so still well over 10 reads) keep
+    # the wall time to one server's start and stop and 8 s of load.
+    args = ["autoscale", "--short", "--warm", "2", "--step", "3", "--cool", "3", "--sample-every", "0.5",
+            "--base-rate", "3", "--warmup", "1", "--output-len", "8",
             "--out", str(out), "--log-dir", str(tmp_path / "logs"),
             "--serve-args", f"--model {tiny_model_dir} --kv-cache-memory 64"]
     code, stdout, stderr = run_bench(args, timeout_s=600)

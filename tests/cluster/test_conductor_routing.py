@@ -1,7 +1,14 @@
 """The Conductor routing real nodes (2 prefill + 1 decode, real NIXL transport): requests sharing a
 prefix go to the node holding it and the cached tokens the node delivers equal the prediction; a
 forced migration copies a prefix and a request served from the copy matches the reference; a killed
-prefill node leaves routing within the heartbeat timeout."""
+prefill node leaves routing within the heartbeat timeout.
+
+The one cluster module on the default model, against hf_reference (tests/tiny_model.py). The cost
+policy weighs a cache hit against recomputing or fetching at the nodes' measured prefill speed, so
+its choices are a deployment's only on a model whose prefill costs what a real one does (on the tiny
+model a fetch to the idle node can beat the holder). Its requests also cross nodes (prefill to
+decode, a prefix copied between prefill nodes) and are served from cache hits: what keeps the real
+weights' tokens checked across nodes."""
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +33,7 @@ HEARTBEAT_S = 3.0
 @pytest.fixture(scope="module")
 def cluster():
     c = NodeCluster.start(ClusterSpec(prefill_nodes=2, decode_nodes=1, cpus_per_node=0.5, policy="cost",
-                                      engine_options={"num_blocks": 256}, transfer_options=FAST_TRANSFER,
+                                      engine_options={"num_blocks": 64}, transfer_options=FAST_TRANSFER,
                                       conductor_options={"heartbeat_timeout_s": HEARTBEAT_S,
                                                          "tick_interval_s": 0.2}))
     try:

@@ -16,6 +16,7 @@ from raypd.cluster.launch.local_cluster import ClusterSpec, ClusterStartError, N
 
 pytestmark = pytest.mark.cluster  # starts Ray
 
+# The nodes run the tiny model (tests/tiny_model.py): what is checked is where they run, not the tokens.
 SPEC = ClusterSpec(mixed_nodes=1, cpus_per_node=0.5, engine_options={"num_blocks": 64}, start_timeout_s=120.0)
 
 
@@ -29,10 +30,10 @@ def one_gpu_ray():
         ray.shutdown()
 
 
-def test_default_asks_for_one_gpu_and_the_engine_wants_the_cuda_device_ray_gave(one_gpu_ray):
+def test_default_asks_for_one_gpu_and_the_engine_wants_the_cuda_device_ray_gave(one_gpu_ray, tiny_model_dir):
     import torch
 
-    spec = dataclasses.replace(SPEC, name_prefix="gpu-default")
+    spec = dataclasses.replace(SPEC, name_prefix="gpu-default", model=tiny_model_dir)
     if torch.cuda.is_available():  # a GPU machine: the node runs on the GPU Ray gave it, and holds it
         cluster = NodeCluster.start(spec)
         try:
@@ -48,8 +49,8 @@ def test_default_asks_for_one_gpu_and_the_engine_wants_the_cuda_device_ray_gave(
         time.sleep(0.2)
 
 
-def test_device_cpu_keeps_a_gpu_node_on_the_cpu(one_gpu_ray):
-    cluster = NodeCluster.start(dataclasses.replace(SPEC, name_prefix="gpu-cpu",
+def test_device_cpu_keeps_a_gpu_node_on_the_cpu(one_gpu_ray, tiny_model_dir):
+    cluster = NodeCluster.start(dataclasses.replace(SPEC, name_prefix="gpu-cpu", model=tiny_model_dir,
                                                     engine_options={"num_blocks": 64, "device": "cpu"}))
     try:
         (node,) = cluster.nodes

@@ -2,7 +2,7 @@
 cluster, node actors and (by default) the Conductor that routes each prompt, sends every prompt at
 once, and prints JSON lines equal to transformers' greedy output. On the tiny random-weight model
 (tests/tiny_model.py): what is checked is the CLI's modes end to end; the real model's parity across
-nodes is that of the cluster tests that compare with hf_reference (tests/tiny_model.py names them)."""
+nodes is that of the cluster test that compares with hf_reference (tests/tiny_model.py names it)."""
 from __future__ import annotations
 
 import json

@@ -84,6 +84,11 @@ def hold_steps(n, seconds: float) -> None:
     ray.get(n.actor.hold_steps.remote(seconds), timeout=30)
 
 
+def destination_blocks(n) -> int:
+    """Decode-side blocks named by the destinations a prefill node's sender holds."""
+    return ray.get(n.actor.stats.remote(), timeout=30)["transfer"]["held_blocks"]
+
+
 def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
 
@@ -114,7 +119,10 @@ def test_abort_in_prefill_before_the_destination_and_queued(cluster, prompt_ids,
     try:
         result = slow.actor.prefill.remote(req)
         decoding = decode.actor.generate.remote(req)
-        wait_for(lambda: queues(slow)["queued"] == 1, "prefill queue")
+        # Queued early, it may still wait for its destination: abort once the destination is here, or
+        # the sender has no peer to tell and the decode side hears only when the destination expires
+        # there as an orphan (bootstrap_timeout_s; kvtransfer/test_two_process.py tests that).
+        wait_for(lambda: queues(slow)["queued"] == 1 and destination_blocks(slow) > 0, "prefill queue, destination")
         ray.get(slow.actor.abort.remote(req.request_id), timeout=30)
     finally:
         hold_steps(slow, 0)
@@ -343,12 +351,12 @@ def test_a_prefill_node_that_refuses_without_a_room_fails_the_request_at_once(cl
 
 def test_a_hung_prefill_node_is_blamed_not_the_decode_node_that_timed_out(cluster, prompt_ids):
     """SIGSTOP of the prefill node before the request reaches it: the decode side's bootstrap times
-    out (5 s) and ends the request with its own error; the prefill node stays silent past the
-    driver's wait (2 s), so the driver holds it responsible: retries avoid it and the breaker counts
+    out (3 s) and ends the request with its own error; the prefill node stays silent past the
+    driver's wait (1 s), so the driver holds it responsible: retries avoid it and the breaker counts
     it, not the healthy decode node."""
     prefill = cluster.add_nodes(["prefill"])[0]
-    decode = cluster.add_nodes(["decode"], transfer_options={"bootstrap_timeout_s": 5.0})[0]
-    driver = RequestDriver(prefill_wait_s=2.0)
+    decode = cluster.add_nodes(["decode"], transfer_options={"bootstrap_timeout_s": 3.0})[0]
+    driver = RequestDriver(prefill_wait_s=1.0)
     try:
         with paused(prefill):
             tokens, final = asyncio.run(asyncio.wait_for(

@@ -4,8 +4,7 @@ and afterwards every node's block accounting adds up with nothing left behind.
 
 On the tiny random-weight model (tests/tiny_model.py): what is checked is that splitting a request
 across nodes, in each scheduling mode, changes no token, whatever the weights. The real model's
-tokens across nodes are test_flex_duties.py's, test_local_prefill.py's, test_prefix_copy.py's and
-test_conductor_routing.py's."""
+tokens across nodes are test_conductor_routing.py's."""
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,9 @@
 """Prefix copies between prefill nodes over the real NIXL transport (what the Conductor's migration
 and remote fetch call): the target then serves the prefix from its own cache with output equal to the
-reference; a copy of a prefix the source does not hold fails cleanly on both sides."""
+reference; a copy of a prefix the source does not hold fails cleanly on both sides.
+
+On the tiny random-weight model (tests/tiny_model.py), against transformers' greedy output on it: what
+is checked is what a copy does to the blocks and the tokens served from them, whatever the weights."""
 from __future__ import annotations
 
 import secrets
@@ -20,8 +23,8 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = NodeCluster.start(ClusterSpec(prefill_nodes=2, decode_nodes=1, cpus_per_node=0.5,
+def cluster(tiny_model_dir):
+    c = NodeCluster.start(ClusterSpec(model=tiny_model_dir, prefill_nodes=2, decode_nodes=1, cpus_per_node=0.5,
                                       engine_options={"num_blocks": 256}, transfer_options=FAST_TRANSFER))
     try:
         yield c
@@ -35,14 +38,14 @@ def copy(source, target, token_ids):
                     target.actor.import_prefix.remote(token_ids, room, source.bootstrap_address)], timeout=60)
 
 
-def test_copied_prefix_serves_requests_on_the_target(cluster, prompt_ids, hf_reference):
+def test_copied_prefix_serves_requests_on_the_target(cluster, prompt_ids, tiny_reference):
     source, target = cluster.by_role("prefill")
     decode = cluster.by_role("decode")[0]
     i = max(range(len(prompt_ids)), key=lambda k: len(prompt_ids[k]))
     ids = prompt_ids[i]
     driver = RequestDriver()
     (tokens, final), = run_all(driver, [ids], GREEDY, prefill=source, decode=decode)
-    assert tokens == hf_reference[i] and final.num_cached_tokens == 0
+    assert tokens == tiny_reference[i] and final.num_cached_tokens == 0
 
     exported, imported = copy(source, target, ids)
     assert exported.ok and imported.ok, (exported.error, imported.error)
@@ -50,7 +53,7 @@ def test_copied_prefix_serves_requests_on_the_target(cluster, prompt_ids, hf_ref
     assert ray.get(target.actor.stats.remote())["prefix_copies"]["imported"] == 1
 
     (tokens, final), = run_all(driver, [ids], GREEDY, prefill=target, decode=decode)
-    assert tokens == hf_reference[i]
+    assert tokens == tiny_reference[i]
     assert final.num_cached_tokens == (len(ids) - 1) // 16 * 16  # served from the copy
     # The target told its KV events about the copied blocks (the Conductor's index learns from them).
     batch = ray.get(target.actor.drain_kv_events.remote())

@@ -17,14 +17,18 @@ def raypd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "raypd.cluster.cli.main", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_generate_json_matches_transformers(tmp_path, hf_reference):
+def test_generate_json_matches_transformers(tmp_path, tiny_model_dir, tiny_reference):
+    # On the tiny model (tests/tiny_model.py, the default model's tokenizer and chat template): what
+    # is checked is the command's path from prompts and messages to tokens, not the weights (those
+    # are tests/engine/test_parity.py's).
     lines = [{"prompt": p} for p in RAW_PROMPTS] + [{"messages": m} for m in CHAT_PROMPTS]
     path = tmp_path / "prompts.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    r = raypd("generate", "--input", str(path), "--json", "--max-tokens", str(NEW_TOKENS), "--temperature", "0")
+    r = raypd("generate", "--model", tiny_model_dir, "--input", str(path), "--json", "--max-tokens", str(NEW_TOKENS),
+              "--temperature", "0")
     assert r.returncode == 0, r.stderr
     results = [json.loads(x) for x in r.stdout.splitlines()]
-    assert [x["token_ids"] for x in results] == hf_reference
+    assert [x["token_ids"] for x in results] == tiny_reference
     for x in results:
         assert set(x) == {"token_ids", "text", "finish_reason", "num_cached_tokens"}
         assert x["finish_reason"] in ("stop", "length")

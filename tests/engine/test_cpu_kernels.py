@@ -91,7 +91,8 @@ def test_supports_names_what_the_kernel_cannot_read():
     assert "heads" in native_attention.supports(pool, 5)
 
 
-def test_no_compiler_is_a_typed_error_and_auto_falls_back(monkeypatch, tmp_path):
+def test_no_compiler_is_a_typed_error_and_auto_falls_back(monkeypatch, tmp_path, tiny_model_dir):
+    # The tiny model (tests/tiny_model.py): the fallback is a matter of the kernels, not of the weights.
     monkeypatch.setenv("RAYPD_CACHE_DIR", str(tmp_path))  # nothing built yet in this cache
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     native_attention._load_library.cache_clear()
@@ -99,11 +100,12 @@ def test_no_compiler_is_a_typed_error_and_auto_falls_back(monkeypatch, tmp_path)
     try:
         with pytest.raises(KernelUnavailable, match="no-such-cc"):
             NativeDecodeAttention(1)
-        llm = LLM(num_blocks=16)  # auto: packed linears still on, attention on the torch path
+        llm = LLM(tiny_model_dir, num_blocks=16)  # auto: packed linears still on, attention on the torch path
         assert llm.engine.decode_kernel is None and llm.engine.model.lm_head.packed
         assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))[0].finish_reason
         # int8 without the kernel: the same format through F.linear, widened per call.
-        assert type(LLM(num_blocks=16, quantization="int8").engine.model.lm_head).__name__ == "DequantizedLinear"
+        assert type(LLM(tiny_model_dir, num_blocks=16, quantization="int8").engine.model.lm_head).__name__ \
+            == "DequantizedLinear"
     finally:
         native_attention._load_library.cache_clear()  # later tests load the real build again
         native_linear._load_library.cache_clear()

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The tests that compare the CPU kernels with each other and with float64: tiny shapes, no model.
 KERNEL_TESTS = ["tests/engine/test_native_decoder.py", "tests/engine/test_weight_formats.py",
                 "tests/engine/test_cpu_kernels.py", "tests/engine/test_onednn_shapes.py"]
-NEEDS_THE_MODEL = "not test_no_compiler and not test_native_is_an_error"  # these load the 135 M model
+NEEDS_THE_MODEL = "not test_no_compiler and not test_native_is_an_error"  # these build engines on a model
 
 V3 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi1 bmi2 f16c movbe popcnt abm"
 V4 = V3 + " avx512f avx512bw avx512cd avx512dq avx512vl avx512_vnni"

@@ -75,12 +75,24 @@ class GivenMemory:
         return self.readings.pop(0)
 
 
-def test_the_engine_sizes_its_pool_by_utilization_after_a_real_peak_batch():
-    start = reading(total=4 * GiB, free=4 * GiB)
-    after = reading(total=4 * GiB, free=3 * GiB, peak=900 * 2**20, reserved=1000 * 2**20)
+# A 512 MiB device: the readings' arithmetic is the same at any size, and the pool the engine sizes
+# from them is allocated in host memory here (126 MiB, where a 4 GiB device's ~1 GiB pools took ~15 s
+# an engine to fill on this CPU).
+MiB = 2**20
+SMALL_GPU = 512 * MiB
+
+
+def after_profile() -> MemoryReading:
+    """The small device after loading and the peak batch: 160 MiB gone, 150 of them reserved by torch."""
+    return reading(total=SMALL_GPU, free=SMALL_GPU - 160 * MiB, peak=120 * MiB, reserved=150 * MiB)
+
+
+def test_the_engine_sizes_its_pool_by_utilization_after_a_real_peak_batch(tiny_model_dir):
+    start = reading(total=SMALL_GPU, free=SMALL_GPU)
+    after = after_profile()
     memory = GivenMemory(start, after)
     events = []
-    engine = LLMEngine(None, on_kv_event=events.append, device_memory=memory, gpu_memory_utilization=0.5,
+    engine = LLMEngine(tiny_model_dir, on_kv_event=events.append, device_memory=memory, gpu_memory_utilization=0.5,
                        max_num_batched_tokens=64, max_running_requests=4)
     per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, engine.dtype)
     assert memory.resets == 1 and not memory.readings  # both readings taken: the profile ran to its end
@@ -99,11 +111,10 @@ def test_the_torch_paths_decode_gather_at_full_context_is_reserved_before_the_po
     """The torch path gathers every sequence's context per decode layer, which the profile batch of
     short prompts never reaches: the pool is sized with that gather at max_running_requests x the
     model's full context taken out. The native kernel reads blocks in place: nothing is taken."""
-    start = reading(total=4 * GiB, free=4 * GiB)
+    start = reading(total=SMALL_GPU, free=SMALL_GPU)
 
     def sized(**options) -> LLMEngine:
-        after = reading(total=4 * GiB, free=3 * GiB, peak=900 * 2**20, reserved=1000 * 2**20)
-        return LLMEngine(tiny_model_dir, device_memory=GivenMemory(start, after), gpu_memory_utilization=0.5,
+        return LLMEngine(tiny_model_dir, device_memory=GivenMemory(start, after_profile()), gpu_memory_utilization=0.5,
                          max_num_batched_tokens=64, max_running_requests=4, **options)
 
     gathers, reads_in_place = sized(cpu_kernels="torch"), sized()
@@ -112,21 +123,21 @@ def test_the_torch_paths_decode_gather_at_full_context_is_reserved_before_the_po
     context = -(-mc.max_position_embeddings // gathers.config.block_size) * gathers.config.block_size
     gather = torch_decode_gather_bytes(4, context, mc.num_heads, mc.num_kv_heads, mc.head_dim, gathers.dtype.itemsize)
     assert gather == 4 * context * (2 * mc.num_kv_heads * mc.head_dim * 4 + mc.num_heads * 4)
-    budget = gpu_kv_bytes(start, reading(total=4 * GiB, free=3 * GiB, peak=900 * 2**20, reserved=1000 * 2**20), 0.5)
+    budget = gpu_kv_bytes(start, after_profile(), 0.5)
     assert reads_in_place.num_blocks == budget // per_block
     assert gathers.num_blocks == (budget - gather) // per_block < reads_in_place.num_blocks
 
 
-def test_explicit_sizes_skip_the_profile():
+def test_explicit_sizes_skip_the_profile(tiny_model_dir):
     memory = GivenMemory(reading(), reading())
-    engine = LLMEngine(None, device_memory=memory, kv_cache_memory_mb=64)
+    engine = LLMEngine(tiny_model_dir, device_memory=memory, kv_cache_memory_mb=64)
     assert memory.resets == 0 and len(memory.readings) == 2
     per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, torch.float32)
     assert engine.num_blocks == 64 * 2**20 // per_block
 
 
-def test_cpu_default_is_the_fixed_budget():
-    engine = LLMEngine(None)
+def test_cpu_default_is_the_fixed_budget(tiny_model_dir):
+    engine = LLMEngine(tiny_model_dir)  # any model: the budget is fixed
     per_block = PagedKVCache.bytes_per_block(engine.model_config, engine.config.block_size, engine.dtype)
     assert engine.num_blocks == DEFAULT_CPU_KV_MB * 2**20 // per_block
 
@@ -143,10 +154,12 @@ def test_memory_outside_torch_is_this_process_own_when_the_driver_reports_it():
 class SharedGpu:
     """One GPU two engines share: each one's readings see the other's memory in `free`, and its own
     in process_used (what NVML reports per process). The weights and peak batch are given numbers
-    (on the CPU nothing is allocated on a device); the KV pool is what the engine computed."""
+    (on the CPU nothing is allocated on a device); the KV pool is what the engine computed. A 1 GiB
+    device, not a real one's size: each engine's pool is allocated in host memory here, and the
+    arithmetic is the same at any size (a 16 GiB one spent ~17 s per case filling two 5 GB pools)."""
 
-    total = 16 * GiB
-    context = 500 * 2**20  # each process's CUDA context, outside torch
+    total = 1 * GiB
+    context = 32 * MiB  # each process's CUDA context, outside torch
 
     def __init__(self) -> None:
         self.used: dict[str, int] = {}
@@ -182,6 +195,9 @@ class ProcessMemory:
             engine.model_config, engine.config.block_size, engine.dtype)
 
 
+WEIGHTS_AND_PEAK = 128 * MiB  # each engine's, as its readings report them
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("second_starts", ["after the first", "during the first's profile"])
 def test_two_engines_sharing_a_gpu_both_start_whatever_the_order(tiny_model_dir, dtype, second_starts):
@@ -192,7 +208,7 @@ def test_two_engines_sharing_a_gpu_both_start_whatever_the_order(tiny_model_dir,
     engines: dict[str, LLMEngine] = {}
 
     def start(name: str, between: Callable[[], None] | None = None) -> None:
-        memory = gpu.process(name, weights_and_peak=1 * GiB, between=between)
+        memory = gpu.process(name, weights_and_peak=WEIGHTS_AND_PEAK, between=between)
         engines[name] = LLMEngine(tiny_model_dir, device_memory=memory, **options)
         memory.took_pool(engines[name])
 
@@ -202,6 +218,6 @@ def test_two_engines_sharing_a_gpu_both_start_whatever_the_order(tiny_model_dir,
     else:
         start("first", between=lambda: start("second"))
     per_block = PagedKVCache.bytes_per_block(engines["first"].model_config, 16, engines["first"].dtype)
-    share = int(gpu.total * 0.4) - 1 * GiB - gpu.context  # each one's KV budget: its share less its own use
+    share = int(gpu.total * 0.4) - WEIGHTS_AND_PEAK - gpu.context  # each one's KV budget: its share less its own use
     assert [e.num_blocks for e in engines.values()] == [share // per_block] * 2
     assert gpu.free() >= 0

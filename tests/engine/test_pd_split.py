@@ -87,8 +87,9 @@ def test_decode_retracts_and_recomputes(make_llm, prompt_ids, hf_reference):
     assert decode.engine.scheduler.num_retractions > before
 
 
-def test_reservation_backpressure_and_release(make_llm):
-    eng = make_llm(num_blocks=16, max_running_requests=3).engine
+# The three tests below are about the hooks' bookkeeping, whatever the weights: the tiny model.
+def test_reservation_backpressure_and_release(make_llm, tiny_model_dir):
+    eng = make_llm(model=tiny_model_dir, num_blocks=16, max_running_requests=3).engine
     first = eng.reserve("a", 200)  # 13 blocks
     assert first is not None and len(first) == 13
     assert eng.reserve("b", 100) is None  # 7 more do not fit: caller waits
@@ -104,8 +105,8 @@ def test_reservation_backpressure_and_release(make_llm):
     eng.unreserve("never-made")  # no-op
 
 
-def test_bad_prefilled_request_keeps_reservation_for_caller(make_llm):
-    eng = make_llm(num_blocks=16, max_running_requests=3).engine
+def test_bad_prefilled_request_keeps_reservation_for_caller(make_llm, tiny_model_dir):
+    eng = make_llm(model=tiny_model_dir, num_blocks=16, max_running_requests=3).engine
     eng.reserve("r", 20)
     with pytest.raises(InvalidRequestError):
         eng.add_prefilled("r", list(range(20)), -5, GREEDY, "x")
@@ -120,8 +121,8 @@ def test_bad_prefilled_request_keeps_reservation_for_caller(make_llm):
     eng.unreserve("r")
 
 
-def test_prefilled_request_abort_and_first_token_stop(make_llm, prompt_ids):
-    eng = make_llm(num_blocks=64, max_running_requests=2).engine
+def test_prefilled_request_abort_and_first_token_stop(make_llm, prompt_ids, tiny_model_dir):
+    eng = make_llm(model=tiny_model_dir, num_blocks=64, max_running_requests=2).engine
     rid = eng.add_request(prompt_ids[0], GREEDY, prefill_only=True)
     while eng.has_unfinished():
         eng.step()

@@ -49,8 +49,9 @@ def test_eos_stops_unless_ignored(llm):
     assert ignored.finish_reason == "length" and len(ignored.token_ids) == len(out.token_ids) + 3
 
 
-def test_context_length_ends_generation(make_llm):
-    llm = make_llm(block_size=8)  # its own engine: the context length is shrunk for this test
+def test_context_length_ends_generation(make_llm, tiny_model_dir):
+    # Its own engine (the context length is shrunk for this test), on the tiny model: a matter of lengths.
+    llm = make_llm(model=tiny_model_dir, block_size=8)
     eng = llm.engine
     eng.model_config = replace(eng.model_config, max_position_embeddings=40)
     prompt = list(range(100, 130))

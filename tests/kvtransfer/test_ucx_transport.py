@@ -141,7 +141,11 @@ def this_process(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(ucx_transport, "ucx_loaded", lambda: False)
     for name in (REPORT_ENV, "UCX_PROTO_INFO", "UCX_LOG_FILE"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then removed: monkeypatch restores what it set (here: absent) even after the code under
+        # test writes the variable itself, which a bare delenv of an absent name would not undo (a
+        # later test of this worker then found UCX_LOG_FILE pointing into this test's folder)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return tmp_path
 
 

@@ -205,12 +205,17 @@ def test_a_request_displaced_from_the_prefill_queue_after_queueing_ends_as_refus
     assert counts == (1, 1, 0)  # a refusal, not a failed prefill
 
 
-def test_a_request_waiting_for_kv_memory_is_displaced_by_a_more_urgent_one_and_a_tie_is_refused(idle_pd, sink):
+def test_a_request_waiting_for_kv_memory_is_displaced_by_a_more_urgent_one_and_a_tie_is_refused(
+        idle_pd, sink, monkeypatch):
     """The decode node's one waiting place is `blocked`'s (no memory beside `big`'s reservation, whose
     prefill never comes): a newcomer of its priority is refused at once, a more urgent one takes its
-    place; `blocked` ends as refused by the decode node and its prefill side is freed."""
+    place; `blocked` ends as refused by the decode node and its prefill side is freed. The prefill node
+    runs no step until `blocked` has its end: `blocked` fits its pool, so computed early its first token
+    could reach the caller before the displacement (a race the machine's load decided, once in a suite)."""
     prefill, decode = idle_pd
     p, d = handles(idle_pd)
+    gate = StepGate(prefill.core.engine, waiting=0)
+    monkeypatch.setattr(prefill.core.engine, "step", gate)
     address = prefill.duty.sender.bootstrap_address
     big, tie = (request(prompt(n, start), GREEDY, address, sink.address) for n, start in ((BIG, 10000), (20, 3000)))
 
@@ -223,9 +228,11 @@ def test_a_request_waiting_for_kv_memory_is_displaced_by_a_more_urgent_one_and_a
             await until(lambda: decode.core.call(lambda: decode.duty.prealloc.num_blocked == 1),
                         "a tick to find no memory for blocked")
             tie_end = await decode.generate(tie)
-            newcomer_chunks = await chunks_of(driver, "urgent", prompt(20, 5000), URGENT, p, d)
+            newcomer = asyncio.ensure_future(chunks_of(driver, "urgent", prompt(20, 5000), URGENT, p, d))
             blocked_chunks = await blocked
             held = await prefill.core.call(lambda: "blocked" in prefill.duty.requests)
+            gate.open()
+            newcomer_chunks = await newcomer
             await decode.abort(big.request_id)
             counts = counted(before, await decode.stats(), "displaced", "refused")
             return tie_end, newcomer_chunks, blocked_chunks, held, await big_end, counts

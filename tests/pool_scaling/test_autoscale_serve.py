@@ -7,12 +7,14 @@ back to one node. Every node left holds nothing at the end; the server leaves no
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
-import ray
 
 from tests.serve.conftest import ServerProcess, node_report, request, wait_nodes_idle
 
@@ -51,14 +53,28 @@ def server(tmp_path_factory, tiny_model_dir):
             "--autoscale-window", "4"]
     for name, value in options.items():
         args += ["--autoscale-option", f"{name}={value}"]
-    # Its local Ray without token auth, so this process can join it to call the node pool.
+    # Its local Ray without token auth, so an operator's script can join it to call the node pool.
     with ServerProcess.running(log_path, *args, env={"RAY_AUTH_MODE": "disabled"}) as srv:
-        gcs = re.search(r"Ray cluster: (\S+)", srv.log()).group(1)
-        ray.init(address=gcs, namespace="raypd-tests", log_to_driver=False)
-        try:
-            yield srv
-        finally:
-            ray.shutdown()
+        yield srv
+
+
+# An operator's drain, as a script of its own run against the server's Ray: NodePool.drain_node through
+# a Serve handle. Not from the test's own process: a pytest worker that held Serve handles of an earlier
+# test's cluster once waited out the whole bound for a drain the pool had finished in 3 s.
+DRAIN = """import json, sys, ray
+from ray import serve
+ray.init(address=sys.argv[1], namespace="raypd-tests", log_to_driver=False)
+pool = serve.get_deployment_handle("NodePool", app_name="raypd")
+print(json.dumps(pool.drain_node.remote(sys.argv[2]).result(timeout_s=float(sys.argv[3]))))
+"""
+
+
+def drain(server, node: str) -> dict:
+    gcs = re.search(r"Ray cluster: (\S+)", server.log()).group(1)
+    done = subprocess.run([sys.executable, "-c", DRAIN, gcs, node, str(SCALE_S)], capture_output=True, text=True,
+                          timeout=SCALE_S + 60, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def complete(client, model: str, prompt: str) -> str:
@@ -70,7 +86,6 @@ def complete(client, model: str, prompt: str) -> str:
 
 def test_the_pool_grows_under_misses_drains_without_loss_and_shrinks_when_idle(server):
     from openai import OpenAI
-    from ray import serve
 
     client = OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
@@ -98,8 +113,7 @@ def test_the_pool_grows_under_misses_drains_without_loss_and_shrinks_when_idle(s
                        lambda: {n["name"]: n["load"]["running"] for n in node_report(server.port)
                                 if n.get("load", {}).get("running")}, server.port, timeout_s=60)
     victim = max(running, key=running.get)
-    pool = serve.get_deployment_handle("NodePool", app_name="raypd")
-    ended = pool.drain_node.remote(victim).result(timeout_s=SCALE_S)
+    ended = drain(server, victim)
     for t in threads:
         t.join(SCALE_S)
     assert ended["phase"] == "removed", ended
