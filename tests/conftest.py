@@ -336,8 +336,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     are small enough to be the exceptions: each of those files, and each other file, is a group of its
     own. Within a group, module- and package-scoped clusters are shared as without xdist.
 
-    xdist hands groups out in the order collected, so the run's end is whatever long group started
-    last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
+    xdist hands groups out in the order collected (`make test` turns off its reordering by test
+    count), so the run's end is whatever long group started last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
     then the one-process files (most take seconds), which fill both workers to the end. Within a file
     the order stays the file's own."""
     rank = {}
