@@ -10,8 +10,10 @@ from raypd.engine.errors import ConfigError
 # always wins. Here, beside EngineConfig, and not in device.py: the serve command reads them to size
 # the ingress's admission, and device.py imports torch.
 BATCH_DEFAULTS = {
-    "cpu": {"chunked_prefill_size": 256, "max_num_batched_tokens": 512, "max_running_requests": 64},
-    "cuda": {"chunked_prefill_size": 2048, "max_num_batched_tokens": 8192, "max_running_requests": 256},
+    "cpu": {"chunked_prefill_size": 256, "max_num_batched_tokens": 512, "max_running_requests": 64,
+            "yield_step_tokens": 32},
+    "cuda": {"chunked_prefill_size": 2048, "max_num_batched_tokens": 8192, "max_running_requests": 256,
+             "yield_step_tokens": 512},
 }
 
 # What --attention-backend accepts (engine/gpu/backend.py says what each one runs): one list for
@@ -44,6 +46,12 @@ class EngineConfig:
     # sets it, so a local prompt adds at most this much to each step of its running requests; a step
     # without decodes is not capped.
     max_prefill_tokens_per_step: int | None = None
+    # Yielding steps (engine/step_yield.py): while requests of more than one (priority, tenant) came
+    # within yield_window_s, a step holds at most this many prompt tokens of the classes that rank
+    # after the first, and none while one of the first class's prompts can run: an urgent or owed
+    # request waits for one small step at most. 0: nothing yields (steps by the budget alone).
+    yield_step_tokens: int = 32
+    yield_window_s: float = 30.0
     enable_prefix_cache: bool = True
     # KV tiers below the pool (engine/cache/kv_tiers.py): host memory (kv_host_tier_size_mb, pinned
     # on a GPU; 0: none), then a directory on disk (kv_tier_dir, at most kv_tier_size_mb; None: none).
@@ -103,6 +111,10 @@ class EngineConfig:
                 raise ConfigError(f"max_prefill_tokens_per_step must be >= 1, got {self.max_prefill_tokens_per_step}")
             if self.chunked_prefill_size <= 0:  # an unchunked prompt cannot be held to a per-step cap
                 raise ConfigError("max_prefill_tokens_per_step needs chunked prefill (chunked_prefill_size > 0)")
+        if self.yield_step_tokens < 0:
+            raise ConfigError(f"yield_step_tokens must be >= 0, got {self.yield_step_tokens}")
+        if not self.yield_window_s > 0:
+            raise ConfigError(f"yield_window_s must be > 0, got {self.yield_window_s}")
         if self.schedule_policy not in ("fcfs", "lpm", "srpt"):
             raise ConfigError(f"schedule_policy must be 'fcfs', 'lpm' or 'srpt', got {self.schedule_policy!r}")
         if not self.srpt_aging_tokens_per_s > 0:

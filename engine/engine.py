@@ -162,6 +162,7 @@ class LLMEngine:
             schedule_policy=cfg.schedule_policy, enable_prefix_cache=cfg.enable_prefix_cache,
             srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
             max_prefill_tokens_per_step=cfg.max_prefill_tokens_per_step,
+            yield_step_tokens=cfg.yield_step_tokens, yield_window_s=cfg.yield_window_s,
             init_new_token_ratio=cfg.init_new_token_ratio, min_new_token_ratio=cfg.min_new_token_ratio,
         ), self.allocator, self.prefix_cache)
         self.runner: ModelRunner | CudaModelRunner

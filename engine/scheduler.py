@@ -36,6 +36,10 @@ Prompts longer than `chunked_prefill_size` are split across steps (chunked prefi
 mixes decode tokens with prefill chunks (continuous batching). `max_prefill_tokens_per_step` caps
 the prompt tokens of a step that also decodes (a decode node that prefills prompts itself keeps
 its TPOT; idle, it prefills at full speed).
+Yielding steps (engine/step_yield.py, `yield_step_tokens`): while more than one class (priority,
+tenant) has come lately, the prompts of the classes ranking after the first (priority, then the
+tokens computed for the class lately) get at most that many tokens a step, and none while a prompt
+of the first class can run, so that one waits for a small step at most, whatever it waits behind.
 """
 from __future__ import annotations
 
@@ -49,13 +53,15 @@ from typing import Literal
 from raypd.engine.cache.block_allocator import BlockAllocator
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.engine.request import Request, RequestStatus
+from raypd.engine.step_yield import Rank, RecentClasses
 from raypd.protocol.fair_share import TenantShares
 from raypd.protocol.queued_by_priority import MOST_URGENT, QueuedByPriority, summarize
 from raypd.protocol.sampling_params import SamplingParams
 
-# A waiting request's rank before the policy's own order, smallest first: its priority, its
-# tenant's standing (Virtual Token Counter), its tenant's requests in line (Scheduler.waiting_key).
-FairKey = tuple[int, float, int]
+# A waiting request's rank before the policy's own order, smallest first: its priority, whether its
+# class yields (engine/step_yield.py: False for every request when one class is about), its tenant's
+# standing (Virtual Token Counter), its tenant's requests in line (Scheduler.waiting_key).
+FairKey = tuple[int, bool, float, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,8 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     lpm_max_waiting: int = 128  # past this many waiting requests, lpm sorting costs too much: fcfs
+    yield_step_tokens: int = 0  # yielding steps (engine/step_yield.py); 0: nothing yields
+    yield_window_s: float = 30.0
 
 
 class Blocked(Enum):
@@ -118,10 +126,17 @@ class Scheduler:
         self.num_preemptions = 0
         self.shares = TenantShares()          # tokens computed per tenant
         self._backlogged: set[str] = set()    # tenants with requests here at the last sort
+        # Yielding steps (engine/step_yield.py); chunking off, a prompt cannot be held to a share.
+        self.recent = RecentClasses(config.yield_window_s) \
+            if config.yield_step_tokens > 0 and config.chunked_prefill_size > 0 else None
+        self._favoured: Rank | None = None  # within schedule(): the favoured class's rank, None: nothing yields
+        self._yield_left: int | None = None  # within schedule(): the yielding prompts' tokens left in the step
 
     # -- queue operations -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        if self.recent is not None:
+            self.recent.saw(req.params, time.monotonic())
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -198,15 +213,43 @@ class Scheduler:
         cap = cfg.max_prefill_tokens_per_step
         held_back = max(0, budget - cap) if cap is not None and scheduled else 0
         budget -= held_back
-        if cfg.schedule_policy == "srpt":
-            budget = self._shortest_first(prefills, budget, scheduled, retracted)
+        self._favoured = self._favoured_rank()
+        if self._favoured is None:
+            budget = self._schedule_prompts(prefills, budget, scheduled, retracted)
         else:
-            for req in prefills:
-                budget = self._run(req, budget, scheduled, retracted)
-            if not retracted:
-                budget = self._admit(budget, scheduled)
+            # Yielding steps (engine/step_yield.py): no yielding prompt token while a favoured prompt
+            # may run; if none could (no slot, no memory), the yielding ones take their share after all.
+            favoured_waits = not all(map(self._yields, prefills)) or not all(map(self._yields, self.waiting))
+            self._yield_left = 0 if favoured_waits else cfg.yield_step_tokens
+            decoding = len(scheduled)
+            budget = self._schedule_prompts(prefills, budget, scheduled, retracted)
+            if favoured_waits and not retracted and len(scheduled) == decoding:
+                self._yield_left = cfg.yield_step_tokens
+                budget = self._schedule_prompts(prefills, budget, scheduled, retracted)
+            self._favoured = self._yield_left = None
         self.new_token_ratio = max(cfg.min_new_token_ratio, self.new_token_ratio - cfg.new_token_ratio_decay)
         return ScheduledBatch(items=list(scheduled.values()), retracted=retracted)
+
+    def _schedule_prompts(self, prefills: list[Request], budget: int, scheduled: dict[Request, ScheduledRequest],
+                          retracted: list[Request]) -> int:
+        """The prompt tokens of the step, by the policy: the running prefills', then admissions."""
+        if self.config.schedule_policy == "srpt":
+            return self._shortest_first(prefills, budget, scheduled, retracted)
+        for req in prefills:
+            budget = self._run(req, budget, scheduled, retracted)
+        return budget if retracted else self._admit(budget, scheduled)
+
+    def _favoured_rank(self) -> Rank | None:
+        """The rank of the favoured class (engine/step_yield.py) for this step, or None: nothing yields."""
+        return None if self.recent is None else self.recent.favoured(time.monotonic())
+
+    def _yields(self, req: Request) -> bool:
+        """Whether `req`'s prompt yields in this step: its class ranks strictly after the favoured one."""
+        return self._favoured is not None and self.recent is not None and self.recent.rank(req.params) > self._favoured
+
+    def _spend_yield(self, req: Request, n: int) -> None:
+        if self._yield_left is not None and self._yields(req):
+            self._yield_left -= n
 
     def _run(self, req: Request, budget: int, scheduled: dict[Request, ScheduledRequest],
              retracted: list[Request]) -> int:
@@ -230,6 +273,7 @@ class Scheduler:
         if need:
             req.block_table.extend(self.allocator.allocate(need))
         scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
+        self._spend_yield(req, n)
         return budget - n
 
     def _shortest_first(self, prefills: list[Request], budget: int, scheduled: dict[Request, ScheduledRequest],
@@ -261,7 +305,7 @@ class Scheduler:
                 break
         return budget
 
-    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, float, int, float]]:
+    def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, bool, float, int, float]]:
         """Each prompt's priority, its tenant's counter and requests waiting, then its uncomputed tokens (a waiting one's cached prefix counted
         as computed, when the queue is short enough to look it up) less its aging credit."""
         cfg = self.config
@@ -281,11 +325,14 @@ class Scheduler:
         """Account the KV computed by `batch`, and its tokens to their tenants; the caller appends
         sampled tokens afterwards."""
         computed: dict[str, int] = {}
+        now = time.monotonic()
         for item in batch.items:
             req = item.request
             req.num_computed_tokens += item.num_tokens
             tenant = req.params.tenant
             computed[tenant] = computed.get(tenant, 0) + item.num_tokens
+            if self.recent is not None:
+                self.recent.charge(req.params, item.num_tokens, now)
             # Publish prompt blocks as soon as they exist so concurrent requests can share them.
             if self.config.enable_prefix_cache and req.num_computed_tokens <= req.num_prompt_tokens:
                 self._cache_computed(req)
@@ -339,6 +386,7 @@ class Scheduler:
         self.running.append(req)
         self._grow(req, n)
         scheduled[req] = ScheduledRequest(req, req.num_computed_tokens, n)
+        self._spend_yield(req, n)
         return budget - n
 
     def _sort_waiting(self) -> None:
@@ -389,18 +437,24 @@ class Scheduler:
         return last[0] if last is not None and key(newcomer) < last[1] else None
 
     def _fair_key(self, line: Iterable[SamplingParams]) -> Callable[[SamplingParams], FairKey]:
-        """FairKey by params: priority first; then the tenant's counter, the tenant this node has
-        computed the fewest tokens for first (a tenant with nothing here yet at the level it will be
-        lifted to: _standing); then its requests among `line`, the requests being ordered (a tie
-        between tenants goes to the one with fewer waiting)."""
+        """FairKey by params: priority first; then the classes that do not yield before those that do
+        (the class served at the lowest rate lately goes first: the order the steps' yielding
+        serves, so a request of that class neither waits behind a flood's queue nor is displaced by
+        it); then the tenant's counter, the tenant this node has computed the fewest tokens for first
+        (a tenant with nothing here yet at the level it will be lifted to: _standing); then its
+        requests among `line`, the requests being ordered (a tie between tenants goes to the one
+        with fewer waiting)."""
         in_line = Counter(p.tenant for p in line)
         standing: dict[str, float] = {}
+        favoured = self._favoured_rank()
+        recent = self.recent
 
         def key(p: SamplingParams) -> FairKey:
             s = standing.get(p.tenant)
             if s is None:
                 s = standing[p.tenant] = self._standing(p.tenant)
-            return p.priority, s, in_line[p.tenant]
+            yields = favoured is not None and recent is not None and recent.rank(p) > favoured
+            return p.priority, yields, s, in_line[p.tenant]
         return key
 
     def _standing(self, tenant: str) -> float:
@@ -451,6 +505,10 @@ class Scheduler:
 
     # -- memory ---------------------------------------------------------------------------------
     def _chunk(self, req: Request, budget: int) -> int:
+        if self._yield_left is not None and self._yields(req):
+            budget = min(budget, self._yield_left)
+            if budget <= 0:
+                return 0
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         if self.config.chunked_prefill_size > 0:
             n = min(n, self.config.chunked_prefill_size)

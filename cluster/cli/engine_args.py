@@ -30,6 +30,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--schedule-policy", choices=["fcfs", "lpm", "srpt"], default="fcfs",
                    help="order of prompts at admission: first come first served, longest cached prefix first, or "
                         "shortest remaining prompt first (aged, so long prompts are not starved)")
+    e.add_argument("--yield-step-tokens", type=int, default=None, metavar="N",
+                   help="while requests of more than one priority or tenant arrive, the prompt tokens a step "
+                        "gives the classes that rank after the first (none while one of the first's prompts can "
+                        "run), so an urgent or owed request waits for one small step at most; 0: off "
+                        "(default: by device, CPU 32, CUDA 512)")
+    e.add_argument("--yield-window", type=float, default=None, metavar="S", dest="yield_window_s",
+                   help="seconds a class counts as arriving after its last request (default 30)")
     e.add_argument("--no-prefix-cache", action="store_true")
     e.add_argument("--kv-tier-dir", metavar="PATH", default=None,
                    help="a directory for the KV tier below the pool: blocks the prefix cache evicts are kept "
@@ -74,7 +81,8 @@ def engine_options(args: argparse.Namespace) -> dict:
     # Unset: EngineConfig's default, or the device kind's for the batch sizes.
     for name in ("kv_tier_dir", "kv_tier_size_mb", "kv_host_tier_size_mb", "kv_tier_policy", "kv_tier_write_through_hits",
                  "num_blocks", "kv_cache_memory_mb", "gpu_memory_utilization", "chunked_prefill_size",
-                 "max_num_batched_tokens", "max_running_requests", "max_waiting_requests"):
+                 "max_num_batched_tokens", "max_running_requests", "max_waiting_requests", "yield_step_tokens",
+                 "yield_window_s"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     return options

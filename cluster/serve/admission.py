@@ -7,9 +7,11 @@ ordered by priority, or get 429 at once.
         └─ max_queued already wait ─> 429 rate_limit_error, code ingress_queue_full, Retry-After, to
            whichever of this request and the last waiter in line comes last: a waiter displaced so
            gets the 429 instead, and the newcomer takes its place in line
+        └─ every slot taken, but this request would be first in line and is owed a slot (below)
+           ─> one of max_burst slots over max_ongoing, at once
     the response has ended (streams included), the client left, or the waiter was cancelled
-        ─> release(tenant, tokens served): the tenant is charged, the slot goes to the first waiter
-           in line, or back to the pool
+        ─> release(tenant, tokens served, priority): the tenant is charged, the slot goes to the
+           first waiter in line (or, while slots over max_ongoing are taken, back to the pool)
 
 Priority is the request's `priority` field, or its API key's default (api_keys.py), lower first.
 Within a priority, tenants share the slots by the tokens each has been served (protocol/fair_share.py: the
@@ -18,6 +20,17 @@ request first), and in a full line a newcomer that goes ahead so displaces the l
 flooding tenant's newest request, not another tenant's only one. With one tenant this is first
 come, first served, as before. The middleware reads the `priority` field only when the request
 would wait (a free slot needs no order), from the body the guard has already buffered.
+
+Burst slots: slots go to waiters only as requests end, and under a flood that holds every slot a
+request waits for the next one to end whatever its rank (seconds, for a flood of long requests). So
+a request that would be first in line and is owed a slot - more urgent than a request holding one,
+or of a tenant holding fewer slots than an equal share of max_ongoing among the tenants holding or
+waiting for slots - takes one of `max_burst` slots over max_ongoing at once. The nodes then hold one
+request more than their queues: their bounded queues refuse the request that ranks last
+(engine/scheduler.py displaced_by), a flood's newest, which gives its slot back; while slots over
+max_ongoing are taken, a slot given back is not handed on. So a flood can make an interactive tenant
+wait for nothing but its own turn in line, and max_ongoing + max_burst bounds what the replica
+has on the nodes.
 
 A slot is held from before the body is parsed by the app until the last byte of the response is
 sent, so `max_ongoing` bounds what the replica has on the nodes and `max_queued` what it holds in
@@ -52,12 +65,17 @@ class Waiter:
 
 
 class AdmissionGate:
-    def __init__(self, max_ongoing: int, max_queued: int):
-        if max_ongoing < 1 or max_queued < 0:
-            raise ValueError("max_ongoing must be >= 1 and max_queued >= 0")
+    def __init__(self, max_ongoing: int, max_queued: int, max_burst: int | None = None):
+        if max_ongoing < 1 or max_queued < 0 or (max_burst is not None and max_burst < 0):
+            raise ValueError("max_ongoing must be >= 1, max_queued and max_burst >= 0")
         self.max_ongoing = max_ongoing
         self.max_queued = max_queued
+        # Slots over max_ongoing for a request owed one (above); default an eighth of max_ongoing.
+        self.max_burst = max(1, max_ongoing // 8) if max_burst is None else max_burst
         self.ongoing = 0
+        self.num_burst = 0      # slots taken over max_ongoing (counted once each)
+        self._held_by: Counter[str] = Counter()   # slots per tenant
+        self._held_at: Counter[int] = Counter()   # slots per priority
         self.num_refused = 0    # 429s, displaced waiters included
         self.num_displaced = 0  # waiters refused for a newcomer that goes ahead of them
         self.shares = TenantShares()
@@ -84,15 +102,38 @@ class AdmissionGate:
         if not self._in_line[w.tenant]:
             del self._in_line[w.tenant]
 
+    def _owed(self, newcomer: Waiter) -> bool:
+        """Whether a newcomer takes a burst slot: one is free, it would be first in line, and it is more
+        urgent than a request holding a slot or its tenant holds less than an equal share of the slots."""
+        if self.ongoing >= self.max_ongoing + self.max_burst:
+            return False
+        if self._waiters and self._rank(newcomer) > min(map(self._rank, self._waiters)):
+            return False
+        if self._held_at and newcomer.priority < max(self._held_at):
+            return True
+        tenants = len(set(self._held_by) | set(self._in_line))  # the newcomer's own counts in line
+        return self._held_by[newcomer.tenant] * tenants < self.max_ongoing
+
+    def _take(self, priority: int, tenant: str) -> None:
+        self._held_by[tenant] += 1
+        self._held_at[priority] += 1
+
     async def acquire(self, priority: int = 0, tenant: str = "anonymous") -> None:
         """Take a slot, waiting in line if every slot is taken; RateLimited when the line is full of
         requests ahead of this one (or, later, when one that goes ahead displaces this one)."""
         if not self.would_wait():
             self.ongoing += 1
+            self._take(priority, tenant)
             return
         self.shares.start_waiting(tenant, self._in_line)
         entry = Waiter(priority, next(self._arrivals), tenant, asyncio.get_running_loop().create_future())
         self._in_line[tenant] += 1  # ranked as if in line
+        if self.ongoing >= self.max_ongoing and self._owed(entry):
+            self._leave(entry)
+            self.ongoing += 1
+            self.num_burst += 1
+            self._take(priority, tenant)
+            return
         if len(self._waiters) >= self.max_queued:
             try:
                 self._refuse_last_of(entry)
@@ -102,10 +143,10 @@ class AdmissionGate:
         self._waiters.append(entry)
         waiter = entry.future
         try:
-            await waiter  # release() hands its slot over: `ongoing` already counts us
+            await waiter  # release() hands its slot over: `ongoing` and `_held_by` already count us
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.release()  # handed a slot as we were cancelled: pass it on
+                self.release(tenant, priority=priority)  # handed a slot as we were cancelled: pass it on
             else:
                 waiter.cancel()
                 if entry in self._waiters:
@@ -129,23 +170,35 @@ class AdmissionGate:
         last.future.set_exception(RateLimited(f"this server is at capacity and {why} took this one's place in "
                                               "line; retry later", code="ingress_queue_full"))
 
-    def release(self, tenant: str | None = None, tokens: int = 0, weight: float = 1.0) -> None:
-        """Give a slot back, charging `tenant` the tokens its request was served (protocol/fair_share.py):
-        the slot goes to the first waiter in line, else back to the pool."""
-        if tenant is not None:
+    def release(self, tenant: str = "anonymous", tokens: int | None = None, weight: float = 1.0,
+                priority: int = 0) -> None:
+        """Give back the slot a request of `tenant` at `priority` held, charging the tenant the tokens it
+        was served (protocol/fair_share.py; None: nothing was served, a handed slot passed on): the slot
+        goes to the first waiter in line, else (or while burst slots are taken) back to the pool."""
+        if tokens is not None:
             self.shares.charge(tenant, tokens, weight, self._in_line)
-        while self._waiters:
+        _give_back(self._held_by, tenant)
+        _give_back(self._held_at, priority)
+        while self._waiters and self.ongoing <= self.max_ongoing:
             first = min(self._waiters, key=self._rank)
             self._waiters.remove(first)
             self._leave(first)
             if not first.future.done():
+                self._take(first.priority, first.tenant)
                 first.future.set_result(None)
                 return
         self.ongoing -= 1
 
     def state(self) -> dict:
         return {"ongoing": self.ongoing, "queued": self.queued, "max_ongoing": self.max_ongoing,
-                "max_queued": self.max_queued, "refused": self.num_refused, "displaced": self.num_displaced}
+                "max_queued": self.max_queued, "max_burst": self.max_burst, "burst": self.num_burst,
+                "refused": self.num_refused, "displaced": self.num_displaced}
+
+
+def _give_back(held: Counter, key: object) -> None:
+    held[key] -= 1
+    if held[key] <= 0:
+        del held[key]
 
 
 def requested_priority(body: bytes, default: int) -> int:
@@ -186,7 +239,8 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
         finally:
             record = scope.get("state", {}).get(STATE_KEY)  # the metrics' record counts the tokens served
-            self.gate.release(caller.tenant, record.served_tokens if record is not None else 1, caller.weight)
+            self.gate.release(caller.tenant, record.served_tokens if record is not None else 1, caller.weight,
+                              priority)
 
 
 def replay_first(first: dict, receive):

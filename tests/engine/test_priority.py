@@ -106,11 +106,13 @@ def test_a_real_engine_gives_each_request_its_greedy_tokens_whoever_is_preempted
         eng = LLMEngine(tiny_model_dir, kv_cache_memory_mb=16, max_running_requests=max_running)
         rids = [eng.add_request(p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, priority=q))
                 for p, q in zip(prompts[:3], priorities)]
-        eng.step()
-        eng.step()  # the first ones are decoding when the urgent one comes
+        tokens: dict[str, list[int]] = {r: [] for r in rids}
+        for _ in range(2):  # the first ones are decoding when the urgent one comes
+            for o in eng.step():
+                tokens[o.request_id] += o.new_token_ids
         rids.append(eng.add_request(prompts[3], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
                                                                priority=-1)))
-        tokens: dict[str, list[int]] = {r: [] for r in rids}
+        tokens[rids[-1]] = []
         while eng.has_unfinished():
             for o in eng.step():
                 tokens[o.request_id] += o.new_token_ids

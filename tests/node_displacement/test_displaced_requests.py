@@ -49,9 +49,13 @@ URGENT = SamplingParams(max_tokens=6, temperature=0.0, priority=-1)
 
 @pytest.fixture(scope="module")
 def nodes(tiny_model_dir):
-    prefill = PrefillNode("dis-prefill", tiny_model_dir, {"num_blocks": 40, "max_waiting_requests": 1},
+    # No yielding steps (engine/step_yield.py): the nodes outlive each case, so an earlier case's urgent
+    # class is still about in the next, and a yielding prompt's 32-token first chunk (2 blocks) would fit
+    # the memory these cases leave a waiting prompt none of.
+    options = {"max_waiting_requests": 1, "yield_step_tokens": 0}
+    prefill = PrefillNode("dis-prefill", tiny_model_dir, {"num_blocks": 40, **options},
                           transfer_options=PATIENT, aux_slots=4)
-    decode = DecodeNode("dis-decode", tiny_model_dir, {"num_blocks": 64, "max_waiting_requests": 1},
+    decode = DecodeNode("dis-decode", tiny_model_dir, {"num_blocks": 64, **options},
                         transfer_options=PATIENT, aux_slots=4)
     try:
         yield prefill, decode

@@ -33,12 +33,12 @@ FULL = TokenChunk("", (), finished=True, finish_reason=OVERLOADED, failed_node="
 # -- the gate ------------------------------------------------------------------------------------------
 def test_gate_takes_slots_then_queues_then_refuses():
     async def run():
-        gate = AdmissionGate(max_ongoing=2, max_queued=1)
+        gate = AdmissionGate(max_ongoing=2, max_queued=1, max_burst=0)
         await gate.acquire()
         await gate.acquire()
         waiter = asyncio.ensure_future(gate.acquire())
         await asyncio.sleep(0)
-        assert gate.state() == {"ongoing": 2, "queued": 1, "max_ongoing": 2, "max_queued": 1, "refused": 0,
+        assert gate.state() == {"ongoing": 2, "queued": 1, "max_ongoing": 2, "max_queued": 1, "max_burst": 0, "burst": 0, "refused": 0,
                                 "displaced": 0}
         with pytest.raises(RateLimited) as e:
             await gate.acquire()
@@ -54,7 +54,7 @@ def test_gate_takes_slots_then_queues_then_refuses():
 
 def test_gate_serves_its_line_in_order_and_skips_cancelled_waiters():
     async def run():
-        gate = AdmissionGate(max_ongoing=1, max_queued=3)
+        gate = AdmissionGate(max_ongoing=1, max_queued=3, max_burst=0)
         await gate.acquire()
         order: list[str] = []
 
@@ -78,7 +78,7 @@ def test_gate_serves_its_line_in_order_and_skips_cancelled_waiters():
 
 def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on():
     async def run():
-        gate = AdmissionGate(max_ongoing=1, max_queued=2)
+        gate = AdmissionGate(max_ongoing=1, max_queued=2, max_burst=0)
         await gate.acquire()
         first = asyncio.ensure_future(gate.acquire())
         second = asyncio.ensure_future(gate.acquire())

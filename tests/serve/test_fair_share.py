@@ -44,7 +44,7 @@ def test_idle_tenants_are_forgotten_past_the_bound(monkeypatch):
 
 def test_a_tenant_served_less_goes_first_within_a_priority():
     async def run():
-        gate = AdmissionGate(max_ongoing=1, max_queued=8)
+        gate = AdmissionGate(max_ongoing=1, max_queued=8, max_burst=0)
         await gate.acquire(0, "b")
         order: list[str] = []
 
@@ -69,7 +69,7 @@ def test_a_tenant_served_less_goes_first_within_a_priority():
 
 def test_a_flood_cannot_keep_another_tenant_out_of_a_full_line():
     async def run():
-        gate = AdmissionGate(max_ongoing=1, max_queued=2)
+        gate = AdmissionGate(max_ongoing=1, max_queued=2, max_burst=0)
         await gate.acquire(0, "flood")
         flood = [asyncio.ensure_future(gate.acquire(0, "flood")) for _ in range(2)]
         await asyncio.sleep(0)
@@ -132,7 +132,7 @@ def test_the_app_charges_a_tenant_the_tokens_its_response_used(tokenizer):
     from tests.serve.test_failover import RecordingRouter
     from tests.serve.test_ingress_app import LIMITS, MODEL, ScriptedDriver, tokens
 
-    gate = AdmissionGate(max_ongoing=1, max_queued=1)
+    gate = AdmissionGate(max_ongoing=1, max_queued=1, max_burst=0)
     answer = tokens(tokenizer, " Paris is big")
     driver = ScriptedDriver([TokenChunk("", answer), TokenChunk("", (), finished=True, finish_reason="length")])
     service = OpenAIService(tokenizer, LIMITS, Generator(driver, RecordingRouter(), tokenizer.hf), [])

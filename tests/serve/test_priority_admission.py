@@ -26,7 +26,7 @@ from tests.serve.test_ingress_app import LIMITS, MODEL, tokens
 # -- the gate ------------------------------------------------------------------------------------------
 def test_waiters_get_slots_most_urgent_first_then_in_arrival_order():
     async def run():
-        gate = AdmissionGate(max_ongoing=1, max_queued=5)
+        gate = AdmissionGate(max_ongoing=1, max_queued=5, max_burst=0)
         await gate.acquire()
         order: list[str] = []
 
@@ -48,7 +48,7 @@ def test_waiters_get_slots_most_urgent_first_then_in_arrival_order():
 
 def test_a_full_line_refuses_the_least_urgent_newest_of_it_and_the_newcomer():
     async def run():
-        gate = AdmissionGate(max_ongoing=1, max_queued=2)
+        gate = AdmissionGate(max_ongoing=1, max_queued=2, max_burst=0)
         await gate.acquire()
         old_batch = asyncio.ensure_future(gate.acquire(5))
         new_batch = asyncio.ensure_future(gate.acquire(5))
@@ -134,7 +134,7 @@ class OrderDriver(HeldDriver):
 def test_waiting_requests_reach_the_nodes_by_priority_with_their_keys_defaults(tokenizer, tmp_path):
     keys = tmp_path / "keys.yaml"
     keys.write_text("keys:\n  - {key: sk-web, tenant: web, priority: -1}\n  - {key: sk-batch, tenant: batch, priority: 10}\n")
-    gate = AdmissionGate(max_ongoing=1, max_queued=4)
+    gate = AdmissionGate(max_ongoing=1, max_queued=4, max_burst=0)
 
     def body(prompt: str, **extra) -> bytes:
         return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1, **extra}).encode()

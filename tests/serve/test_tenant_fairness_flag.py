@@ -62,7 +62,7 @@ def serve_order(tokenizer, tenant_fairness: bool) -> list[tuple[int, str]]:
     in turn. The order in which they reach the nodes, as (max_tokens, tenant)."""
     async def run():
         driver = HoldingDriver()
-        gate = AdmissionGate(max_ongoing=1, max_queued=8)
+        gate = AdmissionGate(max_ongoing=1, max_queued=8, max_burst=0)
         service = OpenAIService(tokenizer, LIMITS, Generator(driver, RecordingRouter(), tokenizer.hf), [])
         app = build_app(service, api_key=None, max_body_bytes=1 << 20, gate=gate,
                         metrics=IngressMetrics(FakeMetricsAPI()), tenant_fairness=tenant_fairness)
