@@ -30,16 +30,19 @@ lint: $(STAMP)
 # that share a cluster on one), whose Ray start-ups and waits leave a core idle ~15% of the time, where
 # mypy alone took 45 s of wall in a fresh clone; its report prints when the tests end, and it fails the
 # run as before. Then the few benchmark tests whose processes want both cores, alone: beside other
-# tests they took 430 s of a worker's time, alone 95 s of wall. --no-loadscope-reorder: xdist would
-# hand out groups by their number of tests, the one-test benches last, each a 40-80 s tail; the order
-# tests/conftest.py gives (longest kind first) is the one wanted. Prints the whole run's wall time.
+# tests they took 430 s of a worker's time, alone 95 s of wall; only the files that mark a test serial
+# are collected (the whole suite's collection took 15-20 s for three tests). --no-loadscope-reorder:
+# xdist would hand out groups by their number of tests, the one-test benches last, each a 40-80 s
+# tail; the order tests/conftest.py gives (longest kind first) is the one wanted. Prints the whole
+# run's wall time.
 test: $(STAMP)
 	@start=$$(date +%s); \
 	$(VENV)/bin/ruff check . && { \
 	  $(VENV)/bin/mypy -p raypd > $(VENV)/mypy.log 2>&1 & types=$$!; \
 	  $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=25 tests; tests_rc=$$?; \
 	  wait $$types; types_rc=$$?; echo "mypy -p raypd (exit $$types_rc):"; cat $(VENV)/mypy.log; \
-	  [ $$tests_rc -eq 0 ] && [ $$types_rc -eq 0 ] && $(PY) -m pytest -q -m serial tests; }; \
+	  [ $$tests_rc -eq 0 ] && [ $$types_rc -eq 0 ] && \
+	    $(PY) -m pytest -q -m serial $$(grep -rl --include='test_*.py' 'mark\.serial' tests); }; \
 	rc=$$?; echo "make test: $$(( $$(date +%s) - start )) s wall for lint, types and every test (exit $$rc)"; exit $$rc
 
 # The one-process tests only (no Ray, no servers): a couple of minutes.

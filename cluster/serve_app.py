@@ -27,13 +27,20 @@ from raypd.cluster.serve.node_pool import NodePool
 # Room above a replica's AdmissionGate in Serve's own per-replica limit: the requests the gate is
 # refusing right now, health probes, /admin and /v1/models.
 SERVE_HEADROOM = 64
+# How often a stopping replica of either deployment looks whether its requests are done. Serve's
+# default, 2 s, is slept before the first look, so each stop (Ctrl-C, serve.delete, a scale-down)
+# waited 2 s per deployment with nothing in flight. A request in flight is still waited for (up to
+# the deployment's graceful_shutdown_timeout_s), and one that reaches a replica after its drain is
+# refused there and retried on another replica by Serve's router.
+STOP_POLL_S = 0.1
 
 
 def build_serve_app(config: ServeConfig) -> Application:
     # @serve.deployment turns the classes into Deployments; type checkers still see the classes.
     # With place_by_role the control plane stays off the node machines (cluster/launch/placement.py).
     where = {"label_selector": selector} if (selector := control_plane_selector(config.place_by_role)) else {}
-    pool = NodePool.options(ray_actor_options={"num_cpus": 0, **where}).bind(config)  # type: ignore[attr-defined]
+    pool = NodePool.options(ray_actor_options={"num_cpus": 0, **where},  # type: ignore[attr-defined]
+                            graceful_shutdown_wait_loop_s=STOP_POLL_S).bind(config)
     # Serve's limits sit above the gate's (which answers 429 with an OpenAI body), so Serve's own
     # back-pressure only ever meets a flood the gate cannot answer fast enough; then it answers 429
     # with Retry-After too, never its default 503.
@@ -45,7 +52,7 @@ def build_serve_app(config: ServeConfig) -> Application:
     spread = {"max_replicas_per_node": per_host} if per_host is not None else {}
     ingress = OpenAIIngress.options(  # type: ignore[attr-defined]
         num_replicas=config.ingress_replicas, ray_actor_options={"num_cpus": config.ingress_cpus, **where},
-        max_ongoing_requests=serve_limit, max_queued_requests=serve_limit,
+        max_ongoing_requests=serve_limit, max_queued_requests=serve_limit, graceful_shutdown_wait_loop_s=STOP_POLL_S,
         backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S), **spread)
     return ingress.bind(config, pool)
 

@@ -33,7 +33,7 @@ from raypd.cluster.launch.placement import (
     control_plane_selector,
     placement_label,
 )
-from raypd.cluster.launch.ray_init import init_ray, reason
+from raypd.cluster.launch.ray_init import init_ray, reason, stop_ray
 from raypd.conductor.actor import start_conductor
 from raypd.conductor.config import TPOT_TARGET_SHARE, ConductorConfig, DutyPlannerConfig, LocalPrefillConfig
 from raypd.conductor.topology import Topology
@@ -315,7 +315,7 @@ class NodeCluster:
         if self.spec.namespace is not None:
             kill_namespace(self.spec.namespace)
         if self._started_ray:
-            ray.shutdown()
+            stop_ray(started=True)
             self._started_ray = False
 
     def __enter__(self) -> NodeCluster:

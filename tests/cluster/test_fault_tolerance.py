@@ -38,6 +38,10 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 TOKENS = 400
 LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
 RECOVER_S = 120  # bound on waiting for a restarted node to be live again
+POLL_S = 0.1     # how often a wait looks again (each look is one local HTTP or Ray call)
+# Ray's metrics export interval for this server (Ray's own setting, RAY_metrics_report_interval_ms):
+# a counter change shows on the Prometheus endpoint within one interval.
+EXPORT_S = 0.5
 NODE_POOL = "ServeReplica:raypd:NodePool"  # Ray's class name of the app's NodePool replica actor
 
 
@@ -48,7 +52,9 @@ def server(tmp_path_factory, tiny_model_dir):
                               "--no-dashboard", "--max-node-restarts", "50", "--num-blocks", "512", "--chaos-hooks",
                               # Its local Ray without token auth, so this process can join it by address;
                               # Ray's Prometheus endpoint, to count the ingress's replays.
-                              metrics_port=free_port_below_10002(), env={**METRICS_ENV, "RAY_AUTH_MODE": "disabled"})
+                              metrics_port=free_port_below_10002(),
+                              env={**METRICS_ENV, "RAY_metrics_report_interval_ms": str(int(EXPORT_S * 1000)),
+                                   "RAY_AUTH_MODE": "disabled"})
     try:
         srv.wait_ready()
         srv.remember_descendants()
@@ -90,7 +96,7 @@ def wait_all_live(server, timeout_s: float = RECOVER_S) -> dict:
             return body
         if time.monotonic() > deadline:
             raise AssertionError(f"not every node live again within {timeout_s}s: {body}")
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def wait_restarted(server, name: str, incarnation: int, timeout_s: float = RECOVER_S) -> None:
@@ -98,7 +104,7 @@ def wait_restarted(server, name: str, incarnation: int, timeout_s: float = RECOV
     deadline = time.monotonic() + timeout_s
     while not (states(server)[name][0] == "live" and states(server)[name][1] > incarnation):
         assert time.monotonic() < deadline, f"{name} not replaced within {timeout_s}s: {states(server)}"
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     assert states(server)[name][1] == incarnation + 1
 
 
@@ -169,13 +175,13 @@ def replay_log(request_id: str) -> list[str]:
 
 def replayed_after_kill(server, before: float, request_id: str, killed: str) -> None:
     """The stream was replayed once for the node killed under it, and the exported counter counts
-    exactly the replays the ingress made (the export runs every second). A node that looked hung
+    exactly the replays the ingress made (the export runs every EXPORT_S). A node that looked hung
     under load (a probe past its timeout) may add a replay of its own: that one is reported."""
     deadline = time.monotonic() + 30
     while replays(server) < before + 1:
         assert time.monotonic() < deadline, f"no replay counted: {replays(server)} (before: {before})"
-        time.sleep(0.5)
-    time.sleep(2)
+        time.sleep(POLL_S)
+    time.sleep(2 * EXPORT_S)
     lines = replay_log(request_id)
     assert replays(server) == before + len(lines), lines
     # The kill reaches the ingress first either as the stream's failure ("node X failed") or as the
@@ -203,7 +209,7 @@ def settle(server) -> None:
 def test_decode_killed_mid_stream_continues_the_same_stream(server, client, sampling):
     reference = chat(client, max_tokens=TOKENS, **sampling)
     before = states(server)
-    time.sleep(2)  # two export intervals: what came before is in the baseline
+    time.sleep(2 * EXPORT_S)  # two export intervals: what came before is in the baseline
     replays_before = replays(server)
     killed = {}
 
@@ -328,7 +334,7 @@ def test_conductor_killed_under_load_fails_no_request(server, client):
     deadline = time.monotonic() + 60
     while sum(n["alive"] for n in ray.get(conductor.status.remote(), timeout=30)["nodes"].values()) != 4:
         assert time.monotonic() < deadline, ray.get(conductor.status.remote(), timeout=30)["nodes"]
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     assert chat(client, prompt=prompts[0], max_tokens=24, temperature=0.0) == references[0]
     settle(server)
 
@@ -345,7 +351,7 @@ def node_pool_pid(other_than: int = 0, timeout_s: float = RECOVER_S) -> int:
         if len(pids) == 1 and pids[0] != other_than:
             return pids[0]
         assert time.monotonic() < deadline, f"no NodePool replica but pid {other_than} within {timeout_s}s: {pids}"
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def node_pids(server) -> dict[str, int]:
@@ -364,7 +370,7 @@ def test_node_pool_replica_killed_under_streams_keeps_every_node(server, client)
     conductor_before = health(server)[1]["conductor"]["incarnation"]
     conductor = named_actor("raypd-conductor")
     conductor_pid = ray.get(conductor.status.remote(), timeout=30)["pid"]
-    time.sleep(2)  # two export intervals: what came before is in the baseline
+    time.sleep(2 * EXPORT_S)  # two export intervals: what came before is in the baseline
     replays_before = replays(server)
     pool = node_pool_pid()
     streaming = threading.Barrier(len(prompts) + 1, timeout=120)   # every stream past its 4th chunk, and the kill
@@ -386,10 +392,10 @@ def test_node_pool_replica_killed_under_streams_keeps_every_node(server, client)
     while (list(states(server).items()), health(server)[1]["conductor"]["incarnation"]) != \
             (list(before.items()), conductor_before):
         assert time.monotonic() < deadline, (states(server), before)
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     assert node_pids(server) == pids
     assert ray.get(conductor.status.remote(), timeout=30)["pid"] == conductor_pid
-    time.sleep(2)
+    time.sleep(2 * EXPORT_S)
     assert replays(server) == replays_before
     assert chat(client, prompt=prompts[0], max_tokens=TOKENS, temperature=0.0) == references[0]
     settle(server)
@@ -439,14 +445,14 @@ def test_readiness_follows_the_roles_and_liveness_the_process(server, client):
         deadline = time.monotonic() + 60
         while states(server)[decodes[0]["name"]][0] == "live":
             assert time.monotonic() < deadline
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         assert health(server)[0] == 200
         assert chat(client, max_tokens=8, temperature=0.0)  # served by the other decode node
         os.kill(decodes[1]["pid"], signal.SIGSTOP)   # no decode node answers: not ready, still alive
         try:
             while health(server)[0] != 503:
                 assert time.monotonic() < deadline + 60
-                time.sleep(0.5)
+                time.sleep(POLL_S)
             assert health(server)[1]["status"] == "unavailable"
             assert request(server.port, "GET", "/health/live")[0] == 200
         finally:

@@ -43,6 +43,7 @@ HANG_GUARD_S = 90  # a request still open after this is a hang, whatever the mac
 HOLD_S = 60.0      # a node's steps held (hold_steps) for at most this; each test ends its holds
 # A long prompt: ~50 prefill steps of 16 tokens on the slow prefill nodes.
 SLOW_PROMPT = list(range(1000, 1800))
+OTHER_SLOW_PROMPT = list(range(2000, 2800))   # as long, sharing no prefix with SLOW_PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +94,22 @@ def long_prompt(prompt_ids):
     return max(prompt_ids, key=len)
 
 
+@pytest.fixture(scope="module")
 def frozen_decode_pair(cluster):
     """A slow prefill node (16 tokens per step) whose sender tolerates a frozen peer for a minute, and a
-    decode node to freeze: a room stays INFLIGHT while its decode node cannot send Done."""
+    decode node to freeze: a room stays INFLIGHT while its decode node cannot send Done. One pair for
+    the module's two tests on it (started once, not per test): the first leaves both idle (asserted),
+    the second kills the prefill node and removes both; whatever is left goes at the module's end."""
     prefill = cluster.add_nodes(["prefill"], {"chunked_prefill_size": 16, "max_num_batched_tokens": 16},
                                 {"heartbeat_timeout_s": 60.0, "transfer_timeout_s": 60.0})[0]
     decode = cluster.add_nodes(["decode"])[0]
-    return prefill, decode
+    try:
+        yield prefill, decode
+    finally:
+        for n in (prefill, decode):
+            if n in cluster.nodes:
+                ray.kill(n.actor)
+                cluster.remove(n)
 
 
 def test_abort_in_prefill_before_the_destination_and_queued(cluster, prompt_ids, sink):
@@ -165,41 +175,37 @@ def test_abort_in_decode_prealloc_transfer_and_running(cluster, prompt_ids, sink
         cluster.remove(small)
 
 
-def test_abort_in_prefill_inflight(cluster, prompt_ids, sink):
-    prefill, decode = frozen_decode_pair(cluster)
-    try:
-        req = request(SLOW_PROMPT, ENDLESS, prefill=prefill, sink=sink)
-        hold_steps(prefill, HOLD_S)   # QUEUED until the decode node is frozen
-        result = prefill.actor.prefill.remote(req)
-        decoding = decode.actor.generate.remote(req)
-        wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
-        with paused(decode):  # the KV goes out but no Done can come back
-            hold_steps(prefill, 0)
-            wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
-            # The client goes away; like the driver, abort on both sides (the decode node's call waits
-            # in its mailbox until it runs again).
-            ray.get(prefill.actor.abort.remote(req.request_id), timeout=30)
-            decode_abort = decode.actor.abort.remote(req.request_id)
-            # Blocks stay held while a write may still be reading them: ABORTING, or already ended.
-            assert queues(prefill)["inflight"] == 0
-        res = ray.get(result, timeout=HANG_GUARD_S)
-        assert not res.ok and "aborted by the client" in res.error
-        ray.get(decode_abort, timeout=30)
-        # Two notices race once the decode node runs again: its own abort call (from its mailbox) and
-        # the prefill node's "aborted by the sender" on the room. Either way the stream ends without a
-        # token and names the client's abort.
-        final = final_of(sink, decoding)[-1]
-        assert not final.token_ids and (final.finish_reason == "abort" or (
-            final.error is not None and final.error.endswith("aborted by the sender: aborted by the client"))), final
-        assert_idle([prefill, decode])
-    finally:
-        for n in (prefill, decode):
-            ray.kill(n.actor)
-            cluster.remove(n)
+def test_abort_in_prefill_inflight(frozen_decode_pair, prompt_ids, sink):
+    prefill, decode = frozen_decode_pair
+    # The pair stays for the next test; no prefix of this prompt is left cached for it.
+    req = request(OTHER_SLOW_PROMPT, ENDLESS, prefill=prefill, sink=sink)
+    hold_steps(prefill, HOLD_S)   # QUEUED until the decode node is frozen
+    result = prefill.actor.prefill.remote(req)
+    decoding = decode.actor.generate.remote(req)
+    wait_for(lambda: queues(prefill)["queued"] == 1, "prefill queue")
+    with paused(decode):  # the KV goes out but no Done can come back
+        hold_steps(prefill, 0)
+        wait_for(lambda: queues(prefill)["inflight"] == 1, "inflight queue", HANG_GUARD_S)
+        # The client goes away; like the driver, abort on both sides (the decode node's call waits
+        # in its mailbox until it runs again).
+        ray.get(prefill.actor.abort.remote(req.request_id), timeout=30)
+        decode_abort = decode.actor.abort.remote(req.request_id)
+        # Blocks stay held while a write may still be reading them: ABORTING, or already ended.
+        assert queues(prefill)["inflight"] == 0
+    res = ray.get(result, timeout=HANG_GUARD_S)
+    assert not res.ok and "aborted by the client" in res.error
+    ray.get(decode_abort, timeout=30)
+    # Two notices race once the decode node runs again: its own abort call (from its mailbox) and
+    # the prefill node's "aborted by the sender" on the room. Either way the stream ends without a
+    # token and names the client's abort.
+    final = final_of(sink, decoding)[-1]
+    assert not final.token_ids and (final.finish_reason == "abort" or (
+        final.error is not None and final.error.endswith("aborted by the sender: aborted by the client"))), final
+    assert_idle([prefill, decode])
 
 
-def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, prompt_ids, sink):
-    prefill, decode = frozen_decode_pair(cluster)
+def test_prefill_killed_with_rooms_in_bootstrap_and_inflight(cluster, frozen_decode_pair, prompt_ids, sink):
+    prefill, decode = frozen_decode_pair
     try:
         inflight = request(SLOW_PROMPT, prefill=prefill, sink=sink)
         hold_steps(prefill, HOLD_S)   # QUEUED until the decode node is frozen

@@ -1,6 +1,10 @@
-"""Failover replay on the real model: a request re-submitted to another engine as prompt + the k
-tokens already streamed, with max_tokens reduced by k and num_replayed_tokens=k, continues the very
-stream the uninterrupted run produces, seeded sampling and penalties included."""
+"""Failover replay: a request re-submitted to another engine as prompt + the k tokens already
+streamed, with max_tokens reduced by k and num_replayed_tokens=k, continues the very stream the
+uninterrupted run produces, seeded sampling and penalties included. Seeded sampling is the engines'
+bookkeeping of positions and seeds, whatever the weights: it runs on the tiny random model
+(tests/tiny_model.py), where a request takes milliseconds instead of seconds. The penalties stay on
+the default model: the tiny model's sampled streams never repeat a token (checked while moving these
+tests), so a penalty there would change nothing and prove nothing."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -27,13 +31,14 @@ def _replay(llm, prompts: list[list[int]], heads: list[list[int]], params: list[
     return [o.token_ids for o in llm.generate([ids + h for ids, h in zip(prompts, heads)], again)]
 
 
-@pytest.mark.parametrize("base", [SAMPLED, PENALIZED], ids=["sampled", "penalties"])
-def test_replay_continues_the_uninterrupted_stream(make_llm, prompt_ids, base):
+@pytest.mark.parametrize("base, tiny", [(SAMPLED, True), (PENALIZED, False)], ids=["sampled", "penalties"])
+def test_replay_continues_the_uninterrupted_stream(make_llm, request, prompt_ids, base, tiny):
+    model = {"model": request.getfixturevalue("tiny_model_dir")} if tiny else {}
     prompts = prompt_ids[1:6]
     params = _seeded(base, len(prompts))
-    whole = [o.token_ids for o in make_llm().generate(prompts, params)]
+    whole = [o.token_ids for o in make_llm(**model).generate(prompts, params)]
     assert all(len(w) == N for w in whole) and len({tuple(w) for w in whole}) == len(whole)
-    first, other = make_llm(), make_llm(max_running_requests=5)  # the replay runs on another engine
+    first, other = make_llm(**model), make_llm(**model, max_running_requests=5)  # the replay runs on another engine
     for k in CUTS:
         heads = [o.token_ids for o in first.generate(prompts, [replace(p, max_tokens=k) for p in params])]
         assert heads == [w[:k] for w in whole]
@@ -55,8 +60,8 @@ def test_penalties_need_num_replayed_tokens_to_continue(make_llm, prompt_ids):
     assert [h + t for h, t in zip(heads, _replay(llm, prompts, heads, params, count_replayed=False))] != whole
 
 
-def test_num_replayed_tokens_must_be_shorter_than_the_prompt(make_llm):
-    eng = make_llm().engine
+def test_num_replayed_tokens_must_be_shorter_than_the_prompt(make_llm, tiny_model_dir):
+    eng = make_llm(model=tiny_model_dir).engine
     for n in (3, 4):
         with pytest.raises(InvalidRequestError) as e:
             eng.add_request([5, 6, 7], SamplingParams(max_tokens=2, num_replayed_tokens=n))
@@ -65,5 +70,6 @@ def test_num_replayed_tokens_must_be_shorter_than_the_prompt(make_llm):
             eng.validate([5, 6, 7], SamplingParams(max_tokens=2, num_replayed_tokens=n), prefill_only=True)
         assert e.value.param == "num_replayed_tokens"
     assert not eng.requests
-    out = make_llm().generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0.0, num_replayed_tokens=2))[0]
+    params = SamplingParams(max_tokens=2, temperature=0.0, num_replayed_tokens=2)
+    out = make_llm(model=tiny_model_dir).generate([[5, 6, 7]], params)[0]
     assert len(out.token_ids) == 2

@@ -15,7 +15,8 @@ from raypd.engine.cache.kv_tiers import KVTiers
 from raypd.engine.cache.radix_cache import RadixCache
 from raypd.protocol.block_hash import ROOT_HASH, block_hash
 from raypd.protocol.kv_events import BlockRemoved, BlockStored, KVTier
-from tests.conftest import NEW_TOKENS
+from tests.conftest import NEW_TOKENS, hf_greedy
+from tests.tiny_model import TINY
 
 BS = 4
 TOKENS = (1, 2, 3, 4)
@@ -237,12 +238,36 @@ def test_a_failed_load_stops_the_prefix_there_and_frees_its_block():
     assert m.num_blocks == 0 and alloc.num_free == 4 and cache.num_cached_blocks == 0
 
 
-def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tiers(make_llm, prompt_ids, hf_reference,
+# The engine tests below are about blocks leaving the pool and coming back, whatever the weights: a tiny
+# random Llama (tests/tiny_model.py's, with 4 KV heads of dim 64 in each of its 2 layers) whose 16-token
+# block holds 64 KiB of KV, so that a host tier of 1 MiB holds 16 blocks (the smallest size, 1 MiB, holds
+# 4096 blocks of tests/tiny_model.py's own); its forward pass takes milliseconds, the default model's seconds.
+WIDE_KV = TINY | dict(num_key_value_heads=4, head_dim=64)
+
+
+@pytest.fixture(scope="module")
+def wide_kv_model(tmp_path_factory, prompt_ids) -> tuple[str, list[list[int]]]:
+    """(the folder of the tiny wide-KV model, transformers' float32 greedy continuations on it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raypd.benchmarks.random_models import copy_tokenizer
+    from raypd.engine.model.source import resolve_model
+
+    folder = tmp_path_factory.mktemp("wide-kv-llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**WIDE_KV)).eval().save_pretrained(folder)
+    copy_tokenizer(resolve_model(None), folder)
+    return str(folder), hf_greedy(prompt_ids, "float32", str(folder))
+
+
+def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tiers(make_llm, prompt_ids, wide_kv_model,
                                                                             tmp_path):
     """A pool too small to keep the article's prompts between turns: their prefix goes down to the
-    tiers (host memory of 11 blocks in front of the disk: most blocks pass through it to the disk) and
+    tiers (host memory of 16 blocks in front of the disk: most blocks pass through it to the disk) and
     comes back from both, and every output is still transformers' float32 greedy output."""
-    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256, kv_host_tier_size_mb=8)
+    model, reference = wide_kv_model
+    llm = make_llm(model=model, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256, kv_host_tier_size_mb=1)
+    assert llm.engine.kv_cache.pool[0].nbytes == 64 * 2**10  # one block: 16 fit in the host tier's MiB
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))  # long ones first, evicted later
     first = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in order}
@@ -250,8 +275,8 @@ def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tiers(mak
     # host memory, the ones it began with come back from disk.
     second = {i: llm.generate([prompt_ids[i]], greedy)[0] for i in reversed(order)}
     for i in order:
-        assert first[i].token_ids == hf_reference[i], f"prompt {i}, first pass"
-        assert second[i].token_ids == hf_reference[i], f"prompt {i}, second pass"
+        assert first[i].token_ids == reference[i], f"prompt {i}, first pass"
+        assert second[i].token_ids == reference[i], f"prompt {i}, second pass"
     stats = llm.engine.stats()
     assert stats["kv_tier_disk_stored"] > 0 and stats["kv_tier_disk_rejected"] == 0
     assert stats["kv_tier_disk_loaded"] > 0 and stats["kv_tier_host_loaded"] > 0
@@ -262,19 +287,20 @@ def test_greedy_output_is_transformers_with_prefixes_reloaded_from_the_tiers(mak
     assert sum(f.stat().st_size for f in tmp_path.iterdir()) <= 256 * 2**20
 
 
-def test_a_restarted_engine_reloads_its_prefix_from_its_disk_tier(make_llm, prompt_ids, hf_reference, tmp_path):
+def test_a_restarted_engine_reloads_its_prefix_from_its_disk_tier(make_llm, prompt_ids, wide_kv_model, tmp_path):
     """A restarted node adopts its disk tier: the first turn after the restart reloads the prefix and
     gives transformers' output. (Write-back: what is still only in the pool is lost with the process;
     evicting it all writes it down first.)"""
-    llm = make_llm(num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
+    model, reference = wide_kv_model
+    llm = make_llm(model=model, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     before = llm.generate([prompt_ids[longest]], greedy)[0]
-    assert before.token_ids == hf_reference[longest]
+    assert before.token_ids == reference[longest]
     llm.engine.prefix_cache.evict(llm.engine.num_blocks)
-    restarted = LLM(None, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
+    restarted = LLM(model, num_blocks=36, kv_tier_dir=str(tmp_path), kv_tier_size_mb=256)
     after = restarted.generate([prompt_ids[longest]], greedy)[0]
-    assert after.token_ids == hf_reference[longest]
+    assert after.token_ids == reference[longest]
     assert after.num_cached_tokens >= len(prompt_ids[longest]) // 2
     assert restarted.engine.stats()["kv_tier_disk_loaded"] > 0
     restarted.engine.check_block_integrity()

@@ -1,4 +1,11 @@
-"""Greedy output equals Hugging Face transformers token for token, in every scheduling mode."""
+"""Greedy output equals Hugging Face transformers token for token, in every scheduling mode.
+
+The default model (its GGUF dequantized, on the CPU fast path and on plain torch kernels) against
+transformers on the same GGUF: the real model's tokens. The scheduling modes (one at a time, a warm
+prefix cache, chunked prefill, eviction and retraction, the other policies, a prefix shared within
+a batch) decide which tokens each forward pass computes and which blocks it reads, whatever the
+weights: they run on the tiny random model (tests/tiny_model.py) against transformers on that same
+model, where an engine steps in milliseconds instead of seconds."""
 from __future__ import annotations
 
 import pytest
@@ -22,49 +29,49 @@ def test_all_prompts_together(make_llm, prompt_ids, hf_reference):
     assert_same(llm.generate(prompt_ids, GREEDY), hf_reference)
 
 
-def test_one_prompt_at_a_time(make_llm, prompt_ids, hf_reference):
-    llm = make_llm(enable_prefix_cache=False)
-    assert_same([llm.generate([ids], GREEDY)[0] for ids in prompt_ids], hf_reference)
+def test_one_prompt_at_a_time(make_llm, tiny_model_dir, prompt_ids, tiny_reference):
+    llm = make_llm(model=tiny_model_dir, enable_prefix_cache=False)
+    assert_same([llm.generate([ids], GREEDY)[0] for ids in prompt_ids], tiny_reference)
 
 
-def test_warm_prefix_cache(make_llm, prompt_ids, hf_reference):
-    llm = make_llm(max_running_requests=4)  # its own engine, so the first pass starts cold
+def test_warm_prefix_cache(make_llm, tiny_model_dir, prompt_ids, tiny_reference):
+    llm = make_llm(model=tiny_model_dir, max_running_requests=4)  # its own engine, so the first pass starts cold
     first = llm.generate(prompt_ids, GREEDY)
     second = llm.generate(prompt_ids, GREEDY)
-    assert_same(first, hf_reference)
-    assert_same(second, hf_reference)
+    assert_same(first, tiny_reference)
+    assert_same(second, tiny_reference)
     bs = llm.engine.config.block_size
     for ids, out in zip(prompt_ids, second):
         # Everything but the block holding the last prompt token is served from cache.
         assert out.num_cached_tokens == (len(ids) - 1) // bs * bs
 
 
-def test_chunked_prefill(make_llm, prompt_ids, hf_reference):
-    llm = make_llm(chunked_prefill_size=32, max_num_batched_tokens=64)
-    assert_same(llm.generate(prompt_ids, GREEDY), hf_reference)
+def test_chunked_prefill(make_llm, tiny_model_dir, prompt_ids, tiny_reference):
+    llm = make_llm(model=tiny_model_dir, chunked_prefill_size=32, max_num_batched_tokens=64)
+    assert_same(llm.generate(prompt_ids, GREEDY), tiny_reference)
 
 
-def test_eviction_and_retraction(make_llm, prompt_ids, hf_reference):
+def test_eviction_and_retraction(make_llm, tiny_model_dir, prompt_ids, tiny_reference):
     # Enough blocks for the longest request alone, far too few for all of them at once.
     longest = max(len(ids) for ids in prompt_ids) + NEW_TOKENS
-    llm = make_llm(num_blocks=-(-longest // 16) + 6, chunked_prefill_size=64)
-    assert_same(llm.generate(prompt_ids, GREEDY), hf_reference)
+    llm = make_llm(model=tiny_model_dir, num_blocks=-(-longest // 16) + 6, chunked_prefill_size=64)
+    assert_same(llm.generate(prompt_ids, GREEDY), tiny_reference)
     stats = llm.engine.stats()
     assert stats["num_retractions"] > 0
     assert stats["num_evicted_blocks"] > 0
 
 
 @pytest.mark.parametrize("options", [{"schedule_policy": "lpm"}, {"enable_prefix_cache": False, "chunked_prefill_size": 0}])
-def test_other_policies(make_llm, prompt_ids, hf_reference, options):
-    assert_same(make_llm(**options).generate(prompt_ids, GREEDY), hf_reference)
+def test_other_policies(make_llm, tiny_model_dir, prompt_ids, tiny_reference, options):
+    assert_same(make_llm(model=tiny_model_dir, **options).generate(prompt_ids, GREEDY), tiny_reference)
 
 
-def test_shared_prefix_is_reused_within_one_batch(make_llm, prompt_ids, hf_reference):
+def test_shared_prefix_is_reused_within_one_batch(make_llm, tiny_model_dir, prompt_ids, tiny_reference):
     # The two article questions share ~400 tokens; with one request admitted per step the second
     # finds the first's prompt blocks already published.
-    llm = make_llm(max_running_requests=1)
+    llm = make_llm(model=tiny_model_dir, max_running_requests=1)
     outs = llm.generate(prompt_ids[5:7], GREEDY)
-    assert_same(outs, hf_reference[5:7])
+    assert_same(outs, tiny_reference[5:7])
     assert outs[1].num_cached_tokens >= 300
 
 

@@ -1,6 +1,9 @@
 """The engine's PD hooks in one process: a prefill-only engine computes the prompt and the first
 token, its blocks are copied into blocks reserved on a second engine, which decodes the rest. The
-output must equal the reference, and both engines' accounting must add up at every stage."""
+output must equal the reference, and both engines' accounting must add up at every stage. What the
+split does to the tokens is the same whatever the weights, so every test runs on the tiny random model
+(tests/tiny_model.py) against transformers on that model; the default model's own greedy parity is
+tests/engine/test_parity.py's."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -50,17 +53,17 @@ def run_split(prefill, decode, prompt_ids, params=GREEDY):
     return [tokens[f"d{i}"] for i in range(len(prompt_ids))]
 
 
-def test_prefill_then_decode_equals_reference(make_llm, prompt_ids, hf_reference):
-    got = run_split(make_llm(max_running_requests=5), make_llm(max_running_requests=6), prompt_ids)
-    assert got == hf_reference
+def test_prefill_then_decode_equals_reference(make_llm, prompt_ids, tiny_model_dir, tiny_reference):
+    got = run_split(make_llm(model=tiny_model_dir, max_running_requests=5),
+                    make_llm(model=tiny_model_dir, max_running_requests=6), prompt_ids)
+    assert got == tiny_reference
 
 
 def test_seeded_sampling_continues_the_single_engine_stream(make_llm, prompt_ids, tiny_model_dir):
     # The prefill engine draws position len(prompt), the decode engine the later ones: the noise is
     # a function of (seed, position), so PD gives what one engine gives, also for a failover replay
     # (prompt + the first k tokens, num_replayed_tokens=k) whose prefill draws position len(prompt) + k.
-    # What is checked is the engines' bookkeeping of positions and seeds, whatever the weights: on the
-    # tiny random model (the greedy parity of the split is the tests around, on the real one).
+    # What is checked is the engines' bookkeeping of positions and seeds, whatever the weights.
     params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i, presence_penalty=0.5,
                              ignore_eos=True) for i in range(len(prompt_ids))]
     single = make_llm(model=tiny_model_dir)
@@ -76,18 +79,18 @@ def test_seeded_sampling_continues_the_single_engine_stream(make_llm, prompt_ids
     assert [w[:k] + r for w, r in zip(want, replayed)] == want
 
 
-def test_decode_retracts_and_recomputes(make_llm, prompt_ids, hf_reference):
+def test_decode_retracts_and_recomputes(make_llm, prompt_ids, tiny_model_dir, tiny_reference):
     # Enough blocks for the longest request alone, far too few for all of them at once.
     longest = max(len(ids) for ids in prompt_ids) + NEW_TOKENS
-    decode = make_llm(num_blocks=-(-longest // 16) + 6, max_running_requests=7,
+    decode = make_llm(model=tiny_model_dir, num_blocks=-(-longest // 16) + 6, max_running_requests=7,
                       init_new_token_ratio=0.05, min_new_token_ratio=0.05)
     before = decode.engine.scheduler.num_retractions
-    got = run_split(make_llm(chunked_prefill_size=32, max_num_batched_tokens=64), decode, prompt_ids)
-    assert got == hf_reference
+    got = run_split(make_llm(model=tiny_model_dir, chunked_prefill_size=32, max_num_batched_tokens=64), decode,
+                    prompt_ids)
+    assert got == tiny_reference
     assert decode.engine.scheduler.num_retractions > before
 
 
-# The three tests below are about the hooks' bookkeeping, whatever the weights: the tiny model.
 def test_reservation_backpressure_and_release(make_llm, tiny_model_dir):
     eng = make_llm(model=tiny_model_dir, num_blocks=16, max_running_requests=3).engine
     first = eng.reserve("a", 200)  # 13 blocks

@@ -6,8 +6,10 @@ decode host is
 Every stream completes with the text of a fault-free run (those on the lost host are replayed on the
 other decode node: once the pool's probe of the cut node times out, or at once when its process is
 gone), a request sent meanwhile succeeds, and afterwards every node is live again (a lost host's node
-restarted by Ray on a host with room) and nothing is held. One lab and one server serve both faults:
-the partition leaves every node live again, and the lost host comes last.
+restarted by Ray on a host with room) and nothing is held. One lab and one server serve both faults,
+and the streams' fault-free texts are taken once: the partition leaves every node live again, and the
+lost host comes last. Ray's health check runs every second (served.FAST_HOST_LOSS), so the lost host
+is seen, and its node restarted, within seconds.
 
 The tiny random model (tests/tiny_model.py); long outputs keep the streams running when the link goes
 down."""
@@ -31,13 +33,15 @@ pytestmark = [pytest.mark.cluster,  # starts Ray and raypd inside namespaces
 STREAMS = 6
 MAX_TOKENS = 600
 PARTITION_S = 10.0   # at least; the link comes back only once every stream is done (within ~7 s here)
-# On the head host: the fault-free run of the streams, then the same streams again; once each has
-# 4 chunks it writes `started` and waits for `cut` (the test cut a decode host's link) to send one
-# more request during the partition. Prints the texts and the late answer as JSON.
+# On the head host: the fault-free run of the streams (once per server: the first fault's client
+# writes it to the file named by argv[5], the next reads it back), then the same streams again; once
+# each has 4 chunks it writes `started` and waits for `cut` (the test cut a decode host's link) to send
+# one more request during the partition. Prints the texts and the late answer as JSON.
 CLIENT = textwrap.dedent("""
     import json, os, sys, threading, time
     from openai import OpenAI
     base, folder, streams, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    reference_file = sys.argv[5]
     client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=180)
     model = client.models.list().data[0].id
     def stream(i, started=None):
@@ -64,8 +68,14 @@ CLIENT = textwrap.dedent("""
         ts = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
         [t.start() for t in ts]
         return ts, out
-    ts, reference = together()
-    [t.join(300) for t in ts]
+    if os.path.exists(reference_file):
+        with open(reference_file) as f:
+            reference = json.load(f)
+    else:
+        ts, reference = together()
+        [t.join(300) for t in ts]
+        with open(reference_file, "w") as f:
+            json.dump(reference, f)
     started = [threading.Event() for _ in range(streams)]
     ts, faulted = together(started)
     [e.wait(120) for e in started]
@@ -88,13 +98,15 @@ CLIENT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
-    """The lab and `raypd serve` on it, shared by both faults; stopped with SIGINT at the end, exit 0."""
-    log_path = tmp_path_factory.mktemp("host-faults") / "raypd-serve.log"
+    """The lab and `raypd serve` on it, shared by both faults, and the file of the streams' fault-free
+    texts on it; stopped with SIGINT at the end, exit 0."""
+    folder = tmp_path_factory.mktemp("host-faults")
+    log_path = folder / "raypd-serve.log"
     lab = Lab(LabSpec(hosts_per_rack=(2, 2)))
     with lab:
         lab_ray, server = serve_on_lab(lab, tiny_model_dir, log_path)
         try:
-            yield lab, lab_ray
+            yield lab, lab_ray, folder / "reference.json"
         finally:
             server.send_signal(signal.SIGINT)
             code = server.wait(120)
@@ -103,11 +115,11 @@ def served(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("fault", ["partition", "host_loss"])  # in this order: the lost host stays lost
 def test_a_decode_host_lost_under_load_loses_no_stream(served, tmp_path, fault):
-    lab, lab_ray = served
+    lab, lab_ray, reference = served
     head, prefill_host, *decode_hosts = lab.hosts
     replayed_before = len(replay_lines(lab, head))
-    client = lab.popen(head, [sys.executable, "-c", CLIENT, url(head), str(tmp_path),
-                              str(STREAMS), str(MAX_TOKENS)], env=lab_ray.driver_env(), stdout=subprocess.PIPE,
+    client = lab.popen(head, [sys.executable, "-c", CLIENT, url(head), str(tmp_path), str(STREAMS), str(MAX_TOKENS),
+                              str(reference)], env=lab_ray.driver_env(), stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (tmp_path / "started").exists():
