@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = Started()
     t0, busy0 = time.time(), machine_busy_idle_s()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         # After ray.init, which installs a handler of its own that aborts: let the finally below run.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

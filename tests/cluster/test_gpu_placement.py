@@ -23,7 +23,7 @@ SPEC = ClusterSpec(mixed_nodes=1, cpus_per_node=0.5, engine_options={"num_blocks
 @pytest.fixture(scope="module")
 def one_gpu_ray():
     assert not ray.is_initialized()
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)  # never a `ray start` cluster
     try:
         yield
     finally:

@@ -25,7 +25,8 @@ def spec(tiny_model_dir) -> ClusterSpec:
 @pytest.fixture(scope="module")
 def decode_machine():
     assert not ray.is_initialized()
-    ray.init(num_cpus=2, labels={ROLE_LABEL: "decode"}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, labels={ROLE_LABEL: "decode"}, include_dashboard=False,  # never a `ray start` cluster
+             log_to_driver=False)
     clusters: list[NodeCluster] = []
     try:
         yield clusters

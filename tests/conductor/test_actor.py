@@ -53,7 +53,7 @@ class FakeNode:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # never a `ray start` cluster
     yield
     ray.shutdown()
 
