@@ -38,8 +38,9 @@ the prompt tokens of a step that also decodes (a decode node that prefills promp
 its TPOT; idle, it prefills at full speed).
 Yielding steps (engine/step_yield.py, `yield_step_tokens`): while more than one class (priority,
 tenant) has come lately, the prompts of the classes ranking after the first (priority, then the
-tokens computed for the class lately) get at most that many tokens a step, and none while a prompt
-of the first class can run, so that one waits for a small step at most, whatever it waits behind.
+class's service rate lately) get at most that many tokens a step, and none while a prompt of the
+first class can run, so that one waits for a small step at most, whatever it waits behind; the
+waiting queue puts the first class's requests first (FairKey).
 """
 from __future__ import annotations
 
@@ -244,8 +245,8 @@ class Scheduler:
         return None if self.recent is None else self.recent.favoured(time.monotonic())
 
     def _yields(self, req: Request) -> bool:
-        """Whether `req`'s prompt yields in this step: its class ranks strictly after the favoured one."""
-        return self._favoured is not None and self.recent is not None and self.recent.rank(req.params) > self._favoured
+        """Whether `req`'s prompt yields in this step (RecentClasses.yields)."""
+        return self.recent is not None and self.recent.yields(req.params, self._favoured)
 
     def _spend_yield(self, req: Request, n: int) -> None:
         if self._yield_left is not None and self._yields(req):
@@ -306,8 +307,9 @@ class Scheduler:
         return budget
 
     def _srpt_keys(self, prefills: list[Request]) -> dict[Request, tuple[int, bool, float, int, float]]:
-        """Each prompt's priority, its tenant's counter and requests waiting, then its uncomputed tokens (a waiting one's cached prefix counted
-        as computed, when the queue is short enough to look it up) less its aging credit."""
+        """Each prompt's FairKey (priority, whether its class yields, its tenant's counter and requests
+        waiting), then its uncomputed tokens (a waiting one's cached prefix counted as computed, when
+        the queue is short enough to look it up) less its aging credit."""
         cfg = self.config
         now, bs = time.monotonic(), cfg.block_size
         look_up = cfg.enable_prefix_cache and len(self.waiting) <= cfg.lpm_max_waiting
@@ -453,8 +455,7 @@ class Scheduler:
             s = standing.get(p.tenant)
             if s is None:
                 s = standing[p.tenant] = self._standing(p.tenant)
-            yields = favoured is not None and recent is not None and recent.rank(p) > favoured
-            return p.priority, yields, s, in_line[p.tenant]
+            return p.priority, recent is not None and recent.yields(p, favoured), s, in_line[p.tenant]
         return key
 
     def _standing(self, tenant: str) -> float:

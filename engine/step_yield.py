@@ -78,6 +78,11 @@ class RecentClasses:
         """The class's rank as of the last favoured() (a class not about then: served nothing)."""
         return self._ranks.get((params.priority, params.tenant), (params.priority, 0.0))
 
+    def yields(self, params: SamplingParams, favoured: Rank | None) -> bool:
+        """Whether a request with these params yields to the favoured class (favoured(): None when
+        nothing yields): its class ranks strictly after it."""
+        return favoured is not None and self.rank(params) > favoured
+
     def favoured(self, now: float) -> Rank | None:
         """The rank of the favoured class, or None when fewer than two classes are about (nothing
         yields). Forgets the classes not seen within the window, and tokens computed before it."""
