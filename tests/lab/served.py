@@ -93,21 +93,40 @@ NODE_STATE = textwrap.dedent("""
     listed = nodes.get("nodes") if isinstance(nodes, dict) else None
     transports = {n["name"]: (n.get("transfer") or {}).get("transports") for n in listed or []
                   if isinstance(n, dict) and "name" in n}
+    decoding = {n["pid"]: n["load"]["running"] + n["load"]["inflight"] for n in listed or []
+                if isinstance(n, dict) and n.get("role") == "decode" and "load" in n}
     print(json.dumps({"live": sorted(n for n, m in ready.nodes.items() if m.state == "live"),
                       "held": held.total, "idle": held.idle, "errors": held.errors,
-                      "blocks_in_use": held.blocks_in_use, "transports": transports}))
+                      "blocks_in_use": held.blocks_in_use, "transports": transports, "decoding": decoding}))
 """)
+
+
+def node_state(lab: Lab, head: Host) -> dict:
+    """The nodes' state as NODE_STATE prints it ({"error": ...} if it could not be read)."""
+    done = lab.run(head, [sys.executable, "-c", NODE_STATE, url(head)], timeout_s=60, check=False)
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": done.stderr[-500:]}
+
+
+def busiest_decode_host(lab: Lab, head: Host, hosts: Sequence[Host]) -> Host:
+    """Of `hosts`, the one whose decode node holds the most requests now (decoding or waiting for
+    their KV): the Conductor routes by prefix cache and load, so which host the streams are on is
+    its choice, not the test's (after a fault's replays every prompt may be cached on one node)."""
+    decoding = {int(pid): n for pid, n in node_state(lab, head).get("decoding", {}).items()}
+    pids = {h.ip: set(lab.pids_in(h.namespace)) for h in hosts}
+    held = {h.ip: sum(n for pid, n in decoding.items() if pid in pids[h.ip]) for h in hosts}
+    busiest = max(hosts, key=lambda h: held[h.ip])
+    assert held[busiest.ip] > 0, f"no decode host holds a request: {decoding}"
+    return busiest
 
 
 def wait_live_and_idle(lab: Lab, head: Host, nodes: int, timeout_s: float) -> dict:
     """Poll until `nodes` nodes are live and every node answers idle (bounded); the last state."""
     deadline = time.monotonic() + timeout_s
     while True:
-        done = lab.run(head, [sys.executable, "-c", NODE_STATE, url(head)], timeout_s=60, check=False)
-        try:
-            state = json.loads(done.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            state = {"error": done.stderr[-500:]}
+        state = node_state(lab, head)
         if len(state.get("live", [])) == nodes and state.get("idle") or time.monotonic() > deadline:
             return state
         time.sleep(1.0)
