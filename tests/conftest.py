@@ -8,7 +8,8 @@ import os
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -186,7 +187,8 @@ def hf_greedy(prompt_ids: list[list[int]], dtype_name: str, model_dir: str | Non
     dtype = getattr(torch, dtype_name)
     if model_dir is None:
         path = default_model_path()
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        with gguf_parsed_once():
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.eval()
@@ -197,6 +199,29 @@ def hf_greedy(prompt_ids: list[list[int]], dtype_name: str, model_dir: str | Non
                                  max_new_tokens=new_tokens, do_sample=False)
             out.append(gen[0, len(ids):].tolist())
     return out
+
+
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """While transformers loads a GGUF: its file parsed once, not once for the config and again for
+    the weights, and gguf's tensor name map built once, not once per tensor (397 times). Neither
+    changes what is loaded (both are only read); together they took 11 of the 16 s a load takes here."""
+    import functools
+
+    import gguf
+
+    name_map, reader = gguf.get_tensor_name_map, gguf.GGUFReader
+
+    @functools.cache
+    def parsed(path: str, mode: str = "r"):
+        return reader(path, mode)
+
+    gguf.get_tensor_name_map = functools.cache(name_map)
+    gguf.GGUFReader = lambda path, mode="r": parsed(str(path), mode)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map, gguf.GGUFReader = name_map, reader
 
 
 def once_per_run(tmp_path_factory, name: str, compute: Callable[[], list]) -> list:
@@ -312,8 +337,8 @@ OWN_GROUP = {"tests/kvtransfer/test_two_process.py", "tests/kvtransfer/test_nixl
 
 # Files whose Ray clusters or servers run the tiny model with small KV pools (a few hundred MB each;
 # the labs' clusters live in network namespaces of their own, under names and bridges each lab draws):
-# each is a group of its own, like the one-process files, so the two workers share them out instead
-# of queueing them behind one another.
+# each is a group of its own, like the one-process files, so the workers share them out instead of
+# queueing them behind one another.
 RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_chaos/test_chaos_lab.py",
             "tests/bench_soak/test_soak_short.py",
             "tests/bench_tenants/test_tenants_short.py", "tests/pool_scaling/test_autoscale_serve.py",
@@ -329,7 +354,7 @@ RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_chaos/test_cha
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
-    """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
+    """`make test` runs the suite on three pytest-xdist workers (--dist loadgroup), and a group runs on
     one worker. Every test that starts Ray or a server on the default model is in one group, "ray":
     two such Ray clusters at once would not fit this machine's memory (Ray's OOM killer took a node
     pool when they shared it). The tiny model's clusters (RAY_TINY) and the small set-ups of OWN_GROUP
@@ -338,7 +363,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     xdist hands groups out in the order collected (`make test` turns off its reordering by test
     count), so the run's end is whatever long group started last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
-    then the one-process files (most take seconds), which fill both workers to the end. Within a file
+    then the one-process files (most take seconds), which fill the workers to the end. Within a file
     the order stays the file's own."""
     rank = {}
     for item in items:
@@ -352,7 +377,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def one_thread_per_xdist_worker():
-    """Two workers on a 2-core machine: each engine's torch gets one thread, not both cores (threads
+    """Three workers on a 2-core machine: each engine's torch gets one thread, not both cores (threads
     beyond the cores only spin against each other; tests that name a thread count still get it)."""
     import os
 
