@@ -46,7 +46,11 @@ def wait_for(what: str, check, port: int, timeout_s: float = SCALE_S):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_dir):
     log_path = tmp_path_factory.mktemp("autoscale") / "raypd-serve.log"
-    options = {"tick_s": 0.5, "up_hold_s": 0, "up_cooldown_s": 0, "min_samples": 2, "down_hold_s": 3,
+    # Scale-down after 10 s idle: between the second node's start and the streams the test drains
+    # under, the pool is idle for a moment; with a 3 s hold, a busy machine (three test workers on two
+    # cores) let the scaler start draining the new node first, and the Conductor then refused the
+    # operator's drain of the other one as "the last node to decode".
+    options = {"tick_s": 0.5, "up_hold_s": 0, "up_cooldown_s": 0, "min_samples": 2, "down_hold_s": 10,
                "down_cooldown_s": 2, "idle_share": 1.0}
     args = ["--model", tiny_model_dir, "--mixed-nodes", "1", "--cpus-per-node", "0.5", "--kv-cache-memory", "64",
             "--no-dashboard", "--autoscale", "mixed=1:2", "--autoscale-ttft", "0.001", "--autoscale-tpot", "10",
