@@ -31,9 +31,10 @@ lint: $(STAMP)
 # when the tests end, and it fails the run as before. Three workers on this 2-core VM, not two: with
 # two, the cores were idle 9% of the tests' time (both workers waiting at once: Ray start-ups, servers'
 # polls, restarts), with three 2% (same tree: 974 -> 922 s; memory stays well inside 24 GiB, since
-# the default model's clusters still run one at a time, in the "ray" group). Then the few benchmark tests whose processes want both cores, alone: beside other
-# tests they took 430 s of a worker's time, alone 95 s of wall; only the files that mark a test serial
-# are collected (the whole suite's collection took 15-20 s for three tests). --no-loadscope-reorder:
+# the default model's clusters still run one at a time, in the "ray" group). Then the two benchmark
+# tests whose llama-server wants both cores, alone: beside other tests its threads spin waiting for
+# each other (the serial tests took 430 s of a worker's time there, alone 95 s of wall); only the
+# files that mark a test serial are collected (the whole suite's collection took 15-20 s for them). --no-loadscope-reorder:
 # xdist would hand out groups by their number of tests, the one-test benches last, each a 40-80 s
 # tail; the order tests/conftest.py gives (longest kind first) is the one wanted. Prints the whole
 # run's wall time.
