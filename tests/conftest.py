@@ -363,15 +363,19 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     xdist hands groups out in the order collected (`make test` turns off its reordering by test
     count), so the run's end is whatever long group started last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
-    then the one-process files (most take seconds), which fill the workers to the end. Within a file
-    the order stays the file's own."""
+    the labs' after the rest of them, then the one-process files (most take seconds), which fill the
+    workers to the end. Within a file the order stays the file's own. The labs not among the first:
+    at the run's start the workers collect and mypy runs beside them, and a lab starts a Ray per host;
+    with one at the start too, a server's Ray there once waited past Ray's own 30 s bound for its
+    agents to start ("The current node timed out during startup")."""
     rank = {}
     for item in items:
         path = item.nodeid.split("::")[0]
         cluster = item.get_closest_marker("cluster") is not None
         shared = cluster and path not in OWN_GROUP | RAY_TINY
         item.add_marker(pytest.mark.xdist_group("ray" if shared else path))
-        rank[item.nodeid] = 0 if shared else 1 if cluster else 2
+        lab = path.startswith("tests/lab/") or path.endswith("_lab.py")
+        rank[item.nodeid] = 0 if shared else (2 if lab else 1) if cluster else 3
     items.sort(key=lambda item: rank[item.nodeid])  # stable: the collected order within each rank
 
 

@@ -29,11 +29,12 @@ def test_a_short_soak_fails_nothing_and_holds_nothing_after(tmp_path, tiny_model
     # process) keep the test's wall time low. The idle samples' settle is short: it only gives the server
     # time to close its keep-alive connections, which the fds verdict (not asserted here) judges. Load
     # 0.4 of capacity and a probe of 4 in flight: requests still overlap (what the no-failure and no-held
-    # assertions need), at half the CPU of the default 0.8, which the suite's other workers want.
+    # assertions need), at half the CPU of the default 0.8, which the suite's other workers want; no
+    # dashboard (its head starts a process per module, a burst the suite's other Ray starts share).
     args = ["soak", "--duration", "10", "--warmup", "2", "--sample-every", "2", "--load", "0.4",
             "--probe-duration", "2", "--probe-concurrency", "4", "--idle-settle", "1",
             "--json", str(out), "--log-dir", str(tmp_path / "logs"), "--serve-args",
-            f"--model {tiny_model_dir} --kv-cache-memory 64"]
+            f"--model {tiny_model_dir} --kv-cache-memory 64 --no-dashboard"]
     code, _, stderr = run_bench(args)
     assert out.exists(), stderr[-3000:]
     report = json.loads(out.read_text())
