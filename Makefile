@@ -26,25 +26,23 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p raypd
 
-# Lint first; the type check runs beside the pytest-xdist workers (tests/conftest.py keeps the tests
-# that share a cluster on one), where mypy alone took 45 s of wall in a fresh clone, at a lower
-# priority (nice 5: it yields to the tests' start-ups at the run's start, where Ray waits at most 30 s
-# for its own processes, and still ends long before the tests); its report prints when the tests
-# end, and it fails the run as before. Three workers on this 2-core VM, not two: with
-# two, the cores were idle 9% of the tests' time (both workers waiting at once: Ray start-ups, servers'
-# polls, restarts), with three 2% (same tree: 974 -> 922 s; memory stays well inside 24 GiB, since
-# the default model's clusters still run one at a time, in the "ray" group). Then the two benchmark
-# tests whose llama-server wants both cores, alone: beside other tests its threads spin waiting for
-# each other (the serial tests took 430 s of a worker's time there, alone 95 s of wall); only the
-# files that mark a test serial are collected (the whole suite's collection took 15-20 s for them). --no-loadscope-reorder:
-# xdist would hand out groups by their number of tests, the one-test benches last, each a 40-80 s
-# tail; the order tests/conftest.py gives (longest kind first) is the one wanted. Prints the whole
-# run's wall time.
+# Lint first; the type check runs beside the two pytest-xdist workers (tests/conftest.py keeps the tests
+# that share a cluster on one), whose Ray start-ups and waits leave a core idle ~9% of the time, where
+# mypy alone took 45 s of wall in a fresh clone; its report prints when the tests end, and it fails the
+# run as before. Two workers, not three: three left the cores idle 2% of the time (974 -> 922 s on
+# the same tree), but three runs of four then failed a test whose timing the contention broke (Ray's
+# own 30 s bound on its agents' start, a lab's bandwidth grouping, a scale-down hold). Then the two
+# benchmark tests whose llama-server wants both cores, alone: beside other tests its threads spin
+# waiting for each other (the serial tests took 430 s of a worker's time there, alone 95 s of wall);
+# only the files that mark a test serial are collected (the whole suite's collection took 15-20 s
+# for them). --no-loadscope-reorder: xdist would hand out groups by their number of tests, the
+# one-test benches last, each a 40-80 s tail; the order tests/conftest.py gives (longest kind
+# first) is the one wanted. Prints the whole run's wall time.
 test: $(STAMP)
 	@start=$$(date +%s); \
 	$(VENV)/bin/ruff check . && { \
-	  nice -n 5 $(VENV)/bin/mypy -p raypd > $(VENV)/mypy.log 2>&1 & types=$$!; \
-	  $(PY) -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=25 tests; tests_rc=$$?; \
+	  $(VENV)/bin/mypy -p raypd > $(VENV)/mypy.log 2>&1 & types=$$!; \
+	  $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=25 tests; tests_rc=$$?; \
 	  wait $$types; types_rc=$$?; echo "mypy -p raypd (exit $$types_rc):"; cat $(VENV)/mypy.log; \
 	  [ $$tests_rc -eq 0 ] && [ $$types_rc -eq 0 ] && \
 	    $(PY) -m pytest -q -m serial $$(grep -rl --include='test_*.py' 'mark\.serial' tests); }; \

@@ -354,7 +354,7 @@ RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_chaos/test_cha
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
-    """`make test` runs the suite on three pytest-xdist workers (--dist loadgroup), and a group runs on
+    """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
     one worker. Every test that starts Ray or a server on the default model is in one group, "ray":
     two such Ray clusters at once would not fit this machine's memory (Ray's OOM killer took a node
     pool when they shared it). The tiny model's clusters (RAY_TINY) and the small set-ups of OWN_GROUP
@@ -363,25 +363,21 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     xdist hands groups out in the order collected (`make test` turns off its reordering by test
     count), so the run's end is whatever long group started last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
-    the labs' after the rest of them, then the one-process files (most take seconds), which fill the
-    workers to the end. Within a file the order stays the file's own. The labs not among the first:
-    at the run's start the workers collect and mypy runs beside them, and a lab starts a Ray per host;
-    with one at the start too, a server's Ray there once waited past Ray's own 30 s bound for its
-    agents to start ("The current node timed out during startup")."""
+    then the one-process files (most take seconds), which fill the workers to the end. Within a file
+    the order stays the file's own."""
     rank = {}
     for item in items:
         path = item.nodeid.split("::")[0]
         cluster = item.get_closest_marker("cluster") is not None
         shared = cluster and path not in OWN_GROUP | RAY_TINY
         item.add_marker(pytest.mark.xdist_group("ray" if shared else path))
-        lab = path.startswith("tests/lab/") or path.endswith("_lab.py")
-        rank[item.nodeid] = 0 if shared else (2 if lab else 1) if cluster else 3
+        rank[item.nodeid] = 0 if shared else 1 if cluster else 2
     items.sort(key=lambda item: rank[item.nodeid])  # stable: the collected order within each rank
 
 
 @pytest.fixture(scope="session", autouse=True)
 def one_thread_per_xdist_worker():
-    """Three workers on a 2-core machine: each engine's torch gets one thread, not both cores (threads
+    """Two workers on a 2-core machine: each engine's torch gets one thread, not both cores (threads
     beyond the cores only spin against each other; tests that name a thread count still get it)."""
     import os
 
