@@ -26,8 +26,8 @@ def test_without_a_gpu_it_says_why_and_exits_2(tmp_path, capsys):
 
 def test_every_step_runs_on_the_cpu(tmp_path, own_processes, tiny_model_dir):
     # On the tiny model (tests/tiny_model.py): the question is whether every step runs and what each
-    # reports, not the default model's tokens (the GPU run uses the default model); on it the steps
-    # took 25 s of both cores, alone after the parallel part.
+    # reports, not the default model's tokens (the GPU run uses the default model, on which the CPU
+    # rehearsal took 25 s of both cores: it ran alone after the parallel part then).
     out = tmp_path / "smoke.json"
     code = main(["--device", "cpu", "--quick", "--max-tokens", "8", "--model", tiny_model_dir, "--json", str(out)])
     report = json.loads(out.read_text())

@@ -47,9 +47,9 @@ def wait_for(what: str, check, port: int, timeout_s: float = SCALE_S):
 def server(tmp_path_factory, tiny_model_dir):
     log_path = tmp_path_factory.mktemp("autoscale") / "raypd-serve.log"
     # Scale-down after 10 s idle: between the second node's start and the streams the test drains
-    # under, the pool is idle for a moment; with a 3 s hold, a busy machine (three test workers on two
-    # cores) let the scaler start draining the new node first, and the Conductor then refused the
-    # operator's drain of the other one as "the last node to decode".
+    # under, the pool is idle for a moment; with a 3 s hold, on a busy machine (a run of the suite on
+    # three workers on two cores) the scaler started draining the new node first, and the Conductor
+    # then refused the operator's drain of the other one as "the last node to decode".
     options = {"tick_s": 0.5, "up_hold_s": 0, "up_cooldown_s": 0, "min_samples": 2, "down_hold_s": 10,
                "down_cooldown_s": 2, "idle_share": 1.0}
     args = ["--model", tiny_model_dir, "--mixed-nodes", "1", "--cpus-per-node", "0.5", "--kv-cache-memory", "64",
