@@ -144,10 +144,17 @@ class ConductorCore:
         if retiring and not info.retiring and (routed := info.routed_as) is not None:
             def others(slots: np.ndarray) -> int:
                 return len(slots[slots != info.slot])
+
+            def refused(duty: str) -> RetireRefused:
+                # Others that could take the duty but are draining themselves: said, or an operator
+                # seeing several live nodes cannot tell why this one is "the last".
+                draining = sorted(o.name for o in self.registry.alive() if o.retiring and o.name != name)
+                why = f" (others draining: {', '.join(draining)})" if draining else ""
+                return RetireRefused(f"{name} is the last node to {duty}{why}: it cannot be drained away")
             if routed.serves_decode and not others(self.table.decode_slots()):
-                raise RetireRefused(f"{name} is the last node to decode: it cannot be drained away")
+                raise refused("decode")
             if routed.serves_prefill and not others(self.table.prefill_slots()) and not self.config.local_prefill.enabled:
-                raise RetireRefused(f"{name} is the last node to prefill: it cannot be drained away")
+                raise refused("prefill")
         info.retiring = retiring
         routed = info.routed_as
         self.table.set_roles(info.slot, prefill=routed is not None and routed.serves_prefill,

@@ -34,7 +34,7 @@ def test_a_retiring_node_gets_no_new_request_and_comes_back_when_the_drain_is_ca
 def test_the_last_node_to_decode_cannot_retire_and_stays_routed():
     core = cluster(("p0", "prefill"), ("d0", "decode"), ("d1", "decode"))
     core.retire_node("d0")
-    with pytest.raises(RetireRefused, match="last node to decode"):
+    with pytest.raises(RetireRefused, match=r"d1 is the last node to decode \(others draining: d0\)"):
         core.retire_node("d1")
     assert core.route("r", PROMPT).decode_node == "d1"
     with pytest.raises(NoCandidateError):
