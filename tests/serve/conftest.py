@@ -160,6 +160,19 @@ def request(port: int, method: str, path: str, body: bytes | dict | None = None,
         conn.close()
 
 
+def replicas_answering(client, tries: int = 12) -> set[str]:
+    """The ingress replicas (x-raypd-replica) that answered one-token requests sent one after another,
+    until two have or `tries` were sent. Serve's router spreads by the queue lengths it last heard
+    from each replica (kept 10 s), so this also leaves both fresh there."""
+    seen: set[str] = set()
+    for _ in range(tries):
+        raw = client.completions.with_raw_response.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0)
+        seen.add(raw.headers["x-raypd-replica"])
+        if len(seen) > 1:
+            break
+    return seen
+
+
 def node_report(port: int) -> list[dict]:
     status, _, body = request(port, "GET", "/admin/nodes")
     assert status == 200, body
