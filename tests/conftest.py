@@ -10,6 +10,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ if not torch.cuda.is_available():
 os.environ.setdefault("RAYPD_KV_HUGE_PAGES", "0")
 
 from tests.prompts import all_prompt_ids  # noqa: E402
+from tests.run_suite import RUN_DIR_VARIABLE  # noqa: E402
 
 # 32 greedy tokens: the five reference continuations that end at EOS end within 30, so every prompt still
 # ends the way it did at 48 ("stop" or "length"), at two thirds of the decode steps of every parity test.
@@ -225,11 +227,15 @@ def gguf_parsed_once() -> Iterator[None]:
 
 
 def once_per_run(tmp_path_factory, name: str, compute: Callable[[], list]) -> list:
-    """compute() once for the whole run: under pytest-xdist the first worker to ask computes it while
-    the others wait on a lock and then read its JSON from the run's shared temporary folder."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    """compute() once for the whole run: the first process to ask computes it while the others wait on
+    a lock and then read its JSON from the run's shared folder (RAYPD_TEST_RUN_DIR, where `make test`
+    sets it; else, under pytest-xdist, the workers' common temporary folder)."""
+    if os.environ.get(RUN_DIR_VARIABLE):
+        shared = Path(os.environ[RUN_DIR_VARIABLE])
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent  # the workers' folders are popen-gw0, popen-gw1, ...
+    else:
         return compute()
-    shared = tmp_path_factory.getbasetemp().parent  # the workers' folders are popen-gw0, popen-gw1, ...
     result = shared / f"{name}.json"
     with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -352,23 +358,40 @@ RAY_TINY = {"tests/bench_chaos/test_chaos_short.py", "tests/bench_chaos/test_cha
             "tests/cluster/test_local_prefill.py", "tests/cluster/test_placement.py"}
 
 
+# One-process tests that only compute in the test's own process: no thread, process, socket or
+# wall-clock bound of their own, so nothing in them can time out when they get little CPU. They carry
+# the `compute` mark, and `make test` runs them at the lowest CPU priority beside the rest
+# (tests/run_suite.py), in the cycles the cluster tests leave idle. tests/test_suite_tiers.py checks
+# that these files import nothing that runs beside the test or waits on the clock.
+COMPUTE_DIR = "tests/engine/"
+NOT_COMPUTE = {"tests/engine/test_tokenizer.py",       # a subprocess, with a timeout
+               "tests/engine/test_model_families.py"}  # prefill and decode nodes: threads, transfer timeouts
+
+
+def compute_only(path: str) -> bool:
+    return path.startswith(COMPUTE_DIR) and path not in NOT_COMPUTE
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the node id's group
 def pytest_collection_modifyitems(config, items) -> None:
-    """`make test` runs the suite on two pytest-xdist workers (--dist loadgroup), and a group runs on
-    one worker. Every test that starts Ray or a server on the default model is in one group, "ray":
-    two such Ray clusters at once would not fit this machine's memory (Ray's OOM killer took a node
-    pool when they shared it). The tiny model's clusters (RAY_TINY) and the small set-ups of OWN_GROUP
-    are small enough to be the exceptions: each of those files, and each other file, is a group of its
-    own. Within a group, module- and package-scoped clusters are shared as without xdist.
+    """`make test` (tests/run_suite.py) runs the suite on pytest-xdist workers (--dist loadgroup), and
+    a group runs on one worker. Every test that starts Ray or a server on the default model is in one
+    group, "ray": two such Ray clusters at once would not fit this machine's memory (Ray's OOM killer
+    took a node pool when they shared it). The tiny model's clusters (RAY_TINY) and the small set-ups
+    of OWN_GROUP are small enough to be the exceptions: each of those files, and each other file, is a
+    group of its own. Within a group, module- and package-scoped clusters are shared as without xdist.
+    The compute-only tests get the `compute` mark here (COMPUTE_DIR), which `make test` runs apart.
 
     xdist hands groups out in the order collected (`make test` turns off its reordering by test
-    count), so the run's end is whatever long group started last: the "ray" group goes first, then every other file that starts processes (most take 20-90 s),
-    then the one-process files (most take seconds), which fill the workers to the end. Within a file
-    the order stays the file's own."""
+    count), so the run's end is whatever long group started last: the "ray" group goes first, then
+    every other file that starts processes (most take 20-90 s), then the one-process files (most take
+    seconds), which fill the workers to the end. Within a file the order stays the file's own."""
     rank = {}
     for item in items:
         path = item.nodeid.split("::")[0]
         cluster = item.get_closest_marker("cluster") is not None
+        if not cluster and compute_only(path):
+            item.add_marker(pytest.mark.compute)
         shared = cluster and path not in OWN_GROUP | RAY_TINY
         item.add_marker(pytest.mark.xdist_group("ray" if shared else path))
         rank[item.nodeid] = 0 if shared else 1 if cluster else 2
