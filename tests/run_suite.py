@@ -83,8 +83,8 @@ def stop_group(p: subprocess.Popen) -> None:
 
 
 def run(command: list[str]) -> int:
-    """A pytest in this process group (Ctrl-C reaches it as it does this one); stopped as by Ctrl-C
-    (pytest then stops its workers) if this process is told to stop first."""
+    """A command (ruff, a pytest) in this process group, so Ctrl-C reaches it as it does this one;
+    stopped as by Ctrl-C (a pytest then stops its workers) if this process is told to stop first."""
     p = subprocess.Popen(command, cwd=ROOT)
     try:
         return p.wait()
